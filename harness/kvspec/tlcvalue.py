@@ -181,8 +181,8 @@ def _expand(value: Value) -> list[Value | _Lit]:
         if not value.fields:
             return [_Lit("<<>>")]  # the empty function prints as the empty sequence
         parts.append(_Lit("["))
-        for i, (k, v) in enumerate(value.fields):
-            parts.append(_Lit((", " if i else "") + f"{k} |-> "))
+        for i, (name, v) in enumerate(value.fields):
+            parts.append(_Lit((", " if i else "") + f"{name} |-> "))
             parts.append(v)
         parts.append(_Lit("]"))
     elif isinstance(value, Fn):
@@ -258,7 +258,7 @@ class _Frame:
     kind: str  # "{", "<<", "[", "("
     items: list[Value]
     pairs: list[tuple[Value, Value]]
-    key: Value | None = None
+    key: Value = ()
     has_key: bool = False
 
 
@@ -389,7 +389,7 @@ class _Parser:
                         self.i -= 1
                         raise self._err("expected ':>'")
                     f.pairs.append((f.key, result))
-                    f.key, f.has_key = None, False
+                    f.key, f.has_key = (), False
                     if sep == "@@":
                         break
                     if sep != ")":

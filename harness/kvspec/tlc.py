@@ -1,0 +1,542 @@
+"""Run TLC (``-tool`` mode) and turn its output into a typed ``TLCResult``.
+
+Every run gets its own directory (``mkdtemp`` under ``log_dir``, default ``build/tlc``
+or ``$KVSPEC_TLC_DIR``) holding the raw log, the ``-metadir`` and java's tmpdir: TLC
+extracts the standard modules (Naturals.tla, ...) into ``java.io.tmpdir`` and deletes
+them on exit, and two runs sharing a metadir collide on ``states/<timestamp>``, so
+sharing either between concurrent runs breaks them.
+
+The verdict comes from TLC's tagged messages first and the exit code second: TLC 2.15
+exits 0 after a violation under ``-continue`` and also when SANY fails to read a standard
+module, so exit code 0 alone never means "holds"; a success message (2193) must be seen.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from kvspec.jar import JarError, JavaMissing
+from kvspec.tlcvalue import TLCValueError, Value, parse_state
+from kvspec.tools import java_command
+
+Verdict = Literal["holds", "violated", "deadlock", "error", "timeout"]
+
+# TLC -tool message codes (tlc2.output.EC / MP).
+MSG_VERSION = 2262
+MSG_INIT_DONE = 2190
+MSG_FINAL_COUNTS = 2199
+MSG_SUCCESS = 2193
+MSG_FINISHED = 2186
+MSG_TRACE_STATE = 2217
+MSG_BACK_TO_STATE = 2122
+MSG_STUTTERING = 2218
+MSG_INVARIANT_VIOLATED = 2110
+MSG_INVARIANT_VIOLATED_INITIAL = 2107
+MSG_TEMPORAL_VIOLATED = 2116
+MSG_DEADLOCK = 2114
+MSG_ASSUME_FALSE = 2104
+MSG_ASSERT_FAILED = 2132
+MSG_NESTED_EXPRESSIONS = 2103
+MSG_UNEXPECTED_EXCEPTION = 1000
+MSG_PARSE_FAILED = 3002
+MSG_SIM_PROGRESS = 2209
+MSG_SIM_STATES = 2210
+MSG_CFG_UNDEFINED = 2229
+
+_MARK = re.compile(r"@!@!@STARTMSG (\d+):(\d+) @!@!@\n?|@!@!@ENDMSG (\d+) @!@!@\n?")
+
+
+@dataclass(frozen=True)
+class Message:
+    """One ``-tool`` message; nested messages are listed separately, in start order."""
+
+    code: int
+    level: int
+    body: str
+
+
+@dataclass
+class TraceState:
+    action: str  # operator name; "Initial predicate" for the first state
+    action_location: str  # e.g. "line 5, col 9 to line 5, col 18 of module Counter"
+    values: dict[str, Value]
+
+
+@dataclass
+class Trace:
+    states: list[TraceState] = field(default_factory=list)
+    loop_index: int | None = None  # 0-based index of the state a lasso returns to
+    stuttering: bool = False  # the behaviour stutters forever after the last state
+
+
+@dataclass
+class TLCResult:
+    verdict: Verdict
+    violated_property: str | None
+    counterexample: Trace | None
+    distinct_states: int | None
+    generated_states: int | None
+    seconds: float
+    tlc_version: str | None
+    log_path: Path
+    exit_code: int | None
+    error: str | None = None
+
+
+# ---------------------------------------------------------------- output parsing
+
+
+def parse_messages(text: str) -> tuple[list[Message], str]:
+    """Split ``-tool`` output into messages and the untagged text (SANY's reports).
+
+    Messages may nest (an exception message 1000 wraps e.g. an Assert message 2132).
+    """
+    messages: list[Message | None] = []
+    stack: list[tuple[int, int, int, list[str]]] = []  # (slot, code, level, chunks)
+    loose: list[str] = []
+    pos = 0
+    for m in _MARK.finditer(text):
+        chunk = text[pos : m.start()]
+        (stack[-1][3] if stack else loose).append(chunk)
+        pos = m.end()
+        if m.group(1) is not None:
+            messages.append(None)
+            stack.append((len(messages) - 1, int(m.group(1)), int(m.group(2)), []))
+        elif stack:
+            slot, code, level, chunks = stack.pop()
+            messages[slot] = Message(code, level, "".join(chunks))
+    (stack[-1][3] if stack else loose).append(text[pos:])
+    for slot, code, level, chunks in stack:  # unterminated (process killed mid-message)
+        messages[slot] = Message(code, level, "".join(chunks))
+    return [m for m in messages if m is not None], "".join(loose)
+
+
+_HEADER = re.compile(r"^\s*(\d+): (?:<(.*?)>|Stuttering)\s*$")
+_BACK = re.compile(r"^\s*(\d+): Back to state")
+
+
+def _action(header: str) -> tuple[str, str]:
+    if header == "Initial predicate":
+        return header, ""
+    name, sep, loc = header.partition(" ")
+    return name, loc if sep else ""
+
+
+def parse_trace(messages: Sequence[Message]) -> Trace | None:
+    """The first counterexample in the messages (2217 states, 2122 lasso, 2218 stutter)."""
+    trace = Trace()
+    for msg in messages:
+        if msg.code == MSG_INVARIANT_VIOLATED_INITIAL:
+            _, _, state = msg.body.partition("\n")
+            return Trace([TraceState("Initial predicate", "", parse_state(state))])
+        if msg.code == MSG_TRACE_STATE:
+            header, _, state = msg.body.partition("\n")
+            m = _HEADER.match(header)
+            if m is None:
+                raise TLCValueError(f"unrecognised trace state header {header!r}")
+            if int(m.group(1)) == 1 and trace.states:
+                break  # a second trace (-continue); keep the first
+            name, loc = _action(m.group(2) or "")
+            trace.states.append(TraceState(name, loc, parse_state(state)))
+        elif msg.code == MSG_BACK_TO_STATE and trace.states:
+            m = _BACK.match(msg.body)
+            if m is not None:
+                trace.loop_index = int(m.group(1)) - 1
+            break
+        elif msg.code == MSG_STUTTERING and trace.states:
+            trace.stuttering = True
+            break
+    return trace if trace.states else None
+
+
+def cfg_properties(cfg_text: str) -> list[str]:
+    """Names listed under PROPERTY/PROPERTIES in a TLC config file."""
+    text = re.sub(r"\(\*.*?\*\)", " ", cfg_text, flags=re.DOTALL)
+    text = re.sub(r"\\\*[^\n]*", " ", text)
+    keywords = {
+        "CONSTANT", "CONSTANTS", "INIT", "NEXT", "SPECIFICATION", "INVARIANT", "INVARIANTS",
+        "PROPERTY", "PROPERTIES", "SYMMETRY", "CONSTRAINT", "CONSTRAINTS", "VIEW",
+        "ACTION_CONSTRAINT", "ACTION_CONSTRAINTS", "CHECK_DEADLOCK", "POSTCONDITION", "ALIAS",
+    }  # fmt: skip
+    props: list[str] = []
+    section = ""
+    for tok in text.split():
+        if tok in keywords:
+            section = tok
+        elif section in ("PROPERTY", "PROPERTIES"):
+            props.append(tok)
+    return props
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _find(messages: Sequence[Message], code: int) -> Message | None:
+    return next((m for m in messages if m.code == code), None)
+
+
+_INT = re.compile(r"-?\d+")
+
+
+def _counts(messages: Sequence[Message]) -> tuple[int | None, int | None]:
+    """(distinct, generated) from the final counts, else the initial-state count."""
+    final = [m for m in messages if m.code == MSG_FINAL_COUNTS]
+    if final:
+        m = re.search(r"(\d+) states? generated, (\d+) distinct", final[-1].body)
+        if m:
+            return int(m.group(2)), int(m.group(1))
+    sim = [m for m in messages if m.code in (MSG_SIM_STATES, MSG_SIM_PROGRESS)]
+    if sim:
+        m = re.search(r"(\d+) states generated|states generated: (\d+)", sim[-1].body)
+        if m:
+            return None, int(m.group(1) or m.group(2))
+    init = _find(messages, MSG_INIT_DONE)
+    if init:
+        m = re.search(r"(\d+) distinct states? generated", init.body)
+        if m:
+            return int(m.group(1)), int(m.group(1))
+    return None, None
+
+
+def _version(messages: Sequence[Message]) -> str | None:
+    msg = _find(messages, MSG_VERSION)
+    if msg is None:
+        return None
+    m = re.search(r"Version (\S+).*?\(rev: (\w+)\)", msg.body)
+    return f"{m.group(1)} (rev {m.group(2)})" if m else _one_line(msg.body)
+
+
+def _module_files(loose: str) -> dict[str, str]:
+    """Module name -> file path, from SANY's "Parsing file ..." lines."""
+    files: dict[str, str] = {}
+    for m in re.finditer(r"^Parsing file (.+)$", loose, flags=re.MULTILINE):
+        path = m.group(1).strip()
+        files.setdefault(Path(path).stem, path)
+    return files
+
+
+def _sany_error(loose: str, spec: Path) -> str | None:
+    """``FILE:LINE:COL: message`` from SANY's own report of a parse/semantic error."""
+    files = _module_files(loose)
+    m = re.search(
+        r"\*\*\*Parse Error\*\*\*\s*(.*?)\n\s*Encountered (.*?) at line (\d+), column (\d+)"
+        r"(.*?)\n",
+        loose,
+        flags=re.DOTALL,
+    )
+    if m:
+        before = loose[: m.start()]
+        parsing = re.findall(r"^Parsing file (.+)$", before, flags=re.MULTILINE)
+        path = parsing[-1].strip() if parsing else str(spec)
+        expecting = _one_line(m.group(1))
+        msg = _one_line(f"Encountered {m.group(2)}{m.group(5)}")
+        return f"{path}:{m.group(3)}:{m.group(4)}: parse error: {msg}; {expecting}"
+    m = re.search(r"Lexical error at line (\d+), column (\d+)\.(.*?)\n", loose)
+    if m:
+        parsing = re.findall(r"^Parsing file (.+)$", loose[: m.start()], flags=re.MULTILINE)
+        path = parsing[-1].strip() if parsing else str(spec)
+        return f"{path}:{m.group(1)}:{m.group(2)}: lexical error:{_one_line(m.group(3))}"
+    m = re.search(
+        r"\*\*\* Errors: \d+\s+line (\d+), col (\d+) to line \d+, col \d+ of module (\w+)"
+        r"\s+(.*?)\n\s*\n",
+        loose,
+        flags=re.DOTALL,
+    )
+    if m:
+        path = files.get(m.group(3), f"{m.group(3)}.tla")
+        return f"{path}:{m.group(1)}:{m.group(2)}: {_one_line(m.group(4))}"
+    m = re.search(r"\*\*\* Abort messages: \d+\s+(.*?)\n\s*\n\s*(.*?)\n\s*\n", loose, re.DOTALL)
+    if m:
+        where = _one_line(m.group(1))
+        mod = re.match(r"In module (\w+)", where)
+        path = files.get(mod.group(1), str(spec)) if mod else str(spec)
+        return f"{path}: {_one_line(m.group(2))}"
+    return None
+
+
+_POSITION = re.compile(
+    r"[Ll]ine (\d+), col(?:umn)? (\d+) to line \d+, col(?:umn)? \d+ (?:in|of module) (\w+)"
+)
+
+
+def _location(text: str, files: dict[str, str], last: bool = True) -> str | None:
+    found = _POSITION.findall(text)
+    if not found:
+        return None
+    line, col, mod = found[-1] if last else found[0]
+    return f"{files.get(mod, mod + '.tla')}:{line}:{col}"
+
+
+def _error_message(rc: int, messages: Sequence[Message], loose: str, spec: Path, cfg: Path) -> str:
+    """The one-line reason for an error verdict (without the raw-log suffix)."""
+    files = _module_files(loose)
+    if rc == 150 or _find(messages, MSG_PARSE_FAILED):
+        return _sany_error(loose, spec) or f"{spec}: parsing or semantic analysis failed"
+    if rc == 10 or _find(messages, MSG_ASSUME_FALSE):
+        msg = _find(messages, MSG_ASSUME_FALSE)
+        where = _location(msg.body, files) if msg else None
+        return f"{where or spec}: ASSUME is false"
+    if rc == 151:
+        msg = _find(messages, MSG_CFG_UNDEFINED)
+        if msg:
+            m = re.search(r"The (?:\w+ )+?(\S+) specified in the configuration file", msg.body)
+            if m:
+                return f"unknown name in cfg {cfg}: {m.group(1)}"
+        errs = [m for m in messages if m.level == 1]
+        return f"unknown name in cfg {cfg}: {_one_line(errs[0].body) if errs else ''}".strip()
+    if rc == 255:
+        inner = [m for m in messages if m.code == 5001] or [
+            m for m in messages if m.level == 1 and m.code != MSG_UNEXPECTED_EXCEPTION
+        ]
+        detail = _one_line(inner[0].body) if inner else f"cannot read {cfg}"
+        return f"bad or missing cfg {cfg}: {detail}"
+    if rc == 1:
+        errs = [m for m in messages if m.level == 1]
+        detail = errs[0].body.strip().splitlines()[0] if errs else "bad command-line option"
+        return f"TLC rejected its arguments: {detail}"
+    assert_msg = _find(messages, MSG_ASSERT_FAILED)
+    nested = _find(messages, MSG_NESTED_EXPRESSIONS)
+    where = _location(nested.body, files) if nested else None
+    if assert_msg:
+        what = _one_line(assert_msg.body.partition(":")[2]) or _one_line(assert_msg.body)
+        return f"{where or spec}: Assert failed: {what}"
+    inner_errs = [
+        m
+        for m in messages
+        if m.code not in (MSG_UNEXPECTED_EXCEPTION, MSG_NESTED_EXPRESSIONS) and m.level == 1
+    ]
+    exc = _find(messages, MSG_UNEXPECTED_EXCEPTION)
+    inner = [m for m in messages if m.level == 0 and exc and m.body and m.body in exc.body]
+    detail = (
+        _one_line(inner[0].body)
+        if inner
+        else _one_line(inner_errs[0].body)
+        if inner_errs
+        else _one_line(exc.body)
+        if exc
+        else "no success message"
+    )
+    prefix = f"{where}: " if where else ""
+    return f"{prefix}TLC exited with code {rc}: {detail}"
+
+
+def _temporal_name(cfg: Path) -> str | None:
+    try:
+        props = cfg_properties(cfg.read_text())
+    except OSError:
+        return None
+    return props[0] if len(props) == 1 else None
+
+
+def interpret(
+    text: str,
+    rc: int | None,
+    spec: Path,
+    cfg: Path,
+    log_path: Path,
+    seconds: float,
+    *,
+    timed_out: bool = False,
+    simulate: bool = False,
+) -> TLCResult:
+    """Build a TLCResult from TLC's complete ``-tool`` output and its exit status."""
+    messages, loose = parse_messages(text)
+    distinct, generated = _counts(messages)
+    suffix = f"; raw log: {log_path}"
+
+    def result(
+        verdict: Verdict,
+        prop: str | None = None,
+        trace: Trace | None = None,
+        error: str | None = None,
+    ) -> TLCResult:
+        return TLCResult(
+            verdict,
+            prop,
+            trace,
+            distinct,
+            generated,
+            seconds,
+            _version(messages),
+            log_path,
+            rc,
+            error,
+        )
+
+    if timed_out:
+        return result("timeout", error=f"TLC timed out after {seconds:.1f}s{suffix}")
+    if rc is not None and rc < 0:
+        return result("error", error=f"TLC was killed by signal {-rc}{suffix}")
+    if "java.lang.OutOfMemoryError" in text:
+        return result(
+            "error", error=f"TLC ran out of memory (raise -Xmx via KVSPEC_TLC_XMX){suffix}"
+        )
+
+    def with_trace(verdict: Verdict, prop: str | None) -> TLCResult:
+        try:
+            return result(verdict, prop, parse_trace(messages))
+        except TLCValueError as exc:
+            return result(verdict, prop, None, f"cannot parse TLC's counterexample: {exc}{suffix}")
+
+    inv = _find(messages, MSG_INVARIANT_VIOLATED) or _find(messages, MSG_INVARIANT_VIOLATED_INITIAL)
+    if inv is not None:
+        m = re.search(r"Invariant (\S+) is violated", inv.body)
+        return with_trace("violated", m.group(1) if m else None)
+    if _find(messages, MSG_TEMPORAL_VIOLATED) is not None:
+        return with_trace("violated", _temporal_name(cfg))
+    if _find(messages, MSG_DEADLOCK) is not None:
+        return with_trace("deadlock", None)
+    ok = _find(messages, MSG_SUCCESS) is not None or (
+        simulate
+        and _find(messages, MSG_FINISHED) is not None
+        and not any(m.level == 1 for m in messages)
+    )
+    if rc == 0 and ok:
+        return result("holds")
+    return result("error", error=_error_message(rc or 0, messages, loose, spec, cfg) + suffix)
+
+
+# ---------------------------------------------------------------- running
+
+
+def default_log_dir() -> Path:
+    return Path(os.environ.get("KVSPEC_TLC_DIR", "build/tlc"))
+
+
+def tlc_args(
+    spec: Path,
+    config: Path,
+    metadir: Path,
+    *,
+    workers: int = 1,
+    fp: int = 0,
+    seed: int = 0,
+    deadlock: bool = True,
+    extra_args: Sequence[str] = (),
+    simulate: tuple[int, int] | None = None,
+    dump_dot: Path | None = None,
+) -> list[str]:
+    """TLC's arguments (after ``tlc2.TLC``) for one reproducible ``-tool`` run."""
+    args = ["-tool", "-metadir", str(metadir), "-fp", str(fp), "-seed", str(seed),
+            "-workers", str(workers), "-config", str(config)]  # fmt: skip
+    if not deadlock:
+        args.append("-deadlock")
+    if simulate is not None:
+        args += ["-simulate", f"num={simulate[0]}", "-depth", str(simulate[1])]
+    if dump_dot is not None:
+        args += ["-dump", "dot,actionlabels,colorize", str(dump_dot)]
+    return [*args, *extra_args, str(spec)]
+
+
+# TLC 2.15 resolves -config against the spec's directory when the spec path has one
+# (an absolute spec + absolute cfg is "File not found"), so TLC runs in the spec's
+# directory with the spec given by file name and everything else absolute.
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
+        pass
+
+
+def run_tlc(
+    spec: Path,
+    config: Path | None = None,
+    *,
+    workers: int = 1,
+    fp: int = 0,
+    seed: int = 0,
+    timeout_s: float = 600,
+    deadlock: bool = True,
+    extra_args: Sequence[str] = (),
+    log_dir: Path | None = None,
+    simulate: tuple[int, int] | None = None,
+    dump_dot: Path | None = None,
+) -> TLCResult:
+    """Model-check ``spec`` with TLC and return the parsed result.
+
+    ``config`` defaults to SPEC.cfg; ``deadlock=False`` passes ``-deadlock`` (do not check
+    for deadlock); ``simulate=(num, depth)`` runs random simulation. Never hangs: on
+    timeout the whole process group is killed and the verdict is "timeout".
+    """
+    spec = Path(spec).resolve()
+    cfg = (Path(config) if config is not None else spec.with_suffix(".cfg")).resolve()
+    base = Path(log_dir) if log_dir is not None else default_log_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{spec.stem}-", dir=base)).resolve()
+    log_path = run_dir / "tlc.log"
+    metadir = run_dir / "meta"
+    java_tmp = run_dir / "tmp"
+    java_tmp.mkdir()
+    try:
+        cmd = java_command(
+            "tlc2.TLC",
+            tlc_args(
+                Path(spec.name),
+                cfg,
+                metadir,
+                workers=workers,
+                fp=fp,
+                seed=seed,
+                deadlock=deadlock,
+                extra_args=extra_args,
+                simulate=simulate,
+                dump_dot=Path(dump_dot).resolve() if dump_dot else None,
+            ),
+        )
+    except (JavaMissing, JarError) as exc:
+        log_path.write_text(f"{exc}\n")
+        return TLCResult(
+            "error",
+            None,
+            None,
+            None,
+            None,
+            0.0,
+            None,
+            log_path,
+            None,
+            f"{exc}; raw log: {log_path}",
+        )
+    cmd.insert(1, f"-Djava.io.tmpdir={java_tmp}")
+    start = time.monotonic()
+    timed_out = False
+    with log_path.open("wb") as log:
+        # Output goes straight to the file (no pipe to fill up); own session so the
+        # whole group can be killed, including anything java forks.
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=spec.parent, start_new_session=True
+        )
+        try:
+            rc: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+            rc = proc.returncode
+        except BaseException:
+            _kill_group(proc)
+            raise
+    seconds = time.monotonic() - start
+    if not os.environ.get("KVSPEC_KEEP_METADIR"):
+        shutil.rmtree(metadir, ignore_errors=True)
+        shutil.rmtree(java_tmp, ignore_errors=True)
+    text = log_path.read_text(errors="replace")
+    return interpret(
+        text, rc, spec, cfg, log_path, seconds, timed_out=timed_out, simulate=simulate is not None
+    )
