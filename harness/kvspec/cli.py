@@ -1,0 +1,178 @@
+"""``kvspec`` command line: a registry of subcommands, each added by ``add_<name>_parser``.
+
+Each ``add_*_parser`` registers its arguments and a handler; handlers import their
+implementation module lazily so ``kvspec doctor`` never pays for vLLM imports.
+Exit codes: 0 ok/holds, 1 violated/deadlock, 2 error/timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvspec.tlc import TLCResult
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _err(msg: str) -> None:
+    print(f"kvspec: {' '.join(msg.split())}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- kvspec tlc
+
+
+def add_tlc_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("tlc", help="model-check one spec with TLC and summarise the result")
+    p.add_argument("spec", type=Path, help="SPEC.tla")
+    p.add_argument("--config", type=Path, help="TLC config (default: SPEC.cfg)")
+    p.add_argument("--json", type=Path, dest="json_out", help="write the result as JSON here")
+    p.add_argument("--itf", type=Path, help="write the counterexample as ITF JSON here")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
+    p.add_argument("--no-deadlock", action="store_true", help="do not check for deadlock")
+    p.set_defaults(handler=_tlc_cmd)
+
+
+def result_to_json(result: TLCResult) -> dict[str, Any]:
+    """The JSON summary of a TLC run (values in ITF encoding)."""
+    from kvspec.itf import value_to_itf
+
+    cex = None
+    if result.counterexample is not None:
+        cex = [
+            {
+                "action": st.action,
+                "location": st.action_location,
+                "values": {k: value_to_itf(v) for k, v in sorted(st.values.items())},
+            }
+            for st in result.counterexample.states
+        ]
+    trace = result.counterexample
+    return {
+        "verdict": result.verdict,
+        "property": result.violated_property,
+        "counterexample": cex,
+        "loop_index": trace.loop_index if trace else None,
+        "stuttering": trace.stuttering if trace else False,
+        "distinct_states": result.distinct_states,
+        "generated_states": result.generated_states,
+        "seconds": round(result.seconds, 3),
+        "tlc_version": result.tlc_version,
+        "log_path": str(result.log_path),
+        "exit_code": result.exit_code,
+        "error": result.error,
+    }
+
+
+def _tlc_cmd(args: argparse.Namespace) -> int:
+    from kvspec.itf import dumps, trace_to_itf
+    from kvspec.tlc import run_tlc
+
+    if not args.spec.is_file():
+        _err(f"no such spec: {args.spec}")
+        return 2
+    result = run_tlc(
+        args.spec, args.config, timeout_s=args.timeout, deadlock=not args.no_deadlock
+    )
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(dumps(result_to_json(result)))
+    if args.itf and result.counterexample is not None:
+        args.itf.parent.mkdir(parents=True, exist_ok=True)
+        args.itf.write_text(dumps(trace_to_itf(result.counterexample, source=str(args.spec))))
+    counts = f"{result.distinct_states} distinct states, {result.seconds:.1f}s"
+    if result.verdict == "holds":
+        print(f"{args.spec}: holds ({counts})")
+        return 0
+    if result.verdict in ("violated", "deadlock"):
+        what = result.violated_property or result.verdict
+        n = len(result.counterexample.states) if result.counterexample else 0
+        print(f"{args.spec}: {result.verdict}: {what} ({n}-state counterexample, {counts})")
+        if result.error:  # violated, but the counterexample could not be parsed
+            _err(result.error)
+        return 1
+    _err(result.error or f"TLC {result.verdict}; raw log: {result.log_path}")
+    return 2
+
+
+# ---------------------------------------------------------------- kvspec doctor
+
+
+def add_doctor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("doctor", help="check java, the TLC jar and python")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--jar-only", action="store_true", help="only verify/install the TLC jar")
+    p.set_defaults(handler=_doctor_cmd)
+
+
+def _doctor_cmd(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from kvspec.jar import JAR_SHA256, JarError, JavaMissing, jar_path, java_version
+
+    report: dict[str, Any] = {"python": platform.python_version(), "ok": True}
+    try:
+        report["tla2tools_jar"] = str(jar_path())
+        report["tla2tools_sha256"] = JAR_SHA256
+    except JarError as exc:
+        report["ok"] = False
+        report["tla2tools_error"] = str(exc)
+    if args.jar_only:
+        if not report["ok"]:
+            _err(report["tla2tools_error"])
+            return 2
+        print(f"tla2tools.jar ok: {report['tla2tools_jar']}")
+        return 0
+    try:
+        report["java"] = java_version()
+    except (JavaMissing, OSError, subprocess.SubprocessError) as exc:
+        report["ok"] = False
+        report["java_error"] = str(exc)
+    if args.json:
+        print(json.dumps(report, sort_keys=True, indent=2))
+    else:
+        for key in sorted(report):
+            print(f"{key}: {report[key]}")
+    return 0 if report["ok"] else 2
+
+
+# ---------------------------------------------------------------- registry
+# Other subcommands plug in here: write add_<name>_parser(sub) (lazy imports inside the
+# handler) and append it to PARSERS.
+#   TODO(check):    add_check_parser    -> kvspec.check
+#   TODO(traces):   add_traces_parser   -> kvspec.traces
+#   TODO(conform):  add_conform_parser  -> kvspec.conform
+#   TODO(review):   add_review_parser   -> kvspec.review
+#   TODO(mutants):  add_mutants_parser  -> kvspec.mutants
+
+PARSERS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
+    add_tlc_parser,
+    add_doctor_parser,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from kvspec import __version__
+
+    parser = argparse.ArgumentParser(prog="kvspec", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"kvspec {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in PARSERS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
