@@ -137,6 +137,9 @@ def _quote(s: str) -> str:
     return '"' + "".join(_ESCAPES.get(c, c) for c in s) + '"'
 
 
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 class _Lit(str):
     """Marks printer stack items that are already text (as opposed to values)."""
 
@@ -180,6 +183,10 @@ def _expand(value: Value) -> list[Value | _Lit]:
     elif isinstance(value, Record):
         if not value.fields:
             return [_Lit("<<>>")]  # the empty function prints as the empty sequence
+        if not all(_IDENT.fullmatch(name) for name, _ in value.fields):
+            # A string-domain function whose keys are not identifiers cannot be written
+            # as a record literal; use the equivalent :>/@@ form (it parses back equal).
+            return _expand(Fn(tuple(value.fields)))
         parts.append(_Lit("["))
         for i, (name, v) in enumerate(value.fields):
             parts.append(_Lit((", " if i else "") + f"{name} |-> "))

@@ -1,0 +1,6 @@
+---- MODULE Undefined ----
+EXTENDS Naturals
+VARIABLE x
+Init == x = 0
+Next == x' = x + y
+====

@@ -1,0 +1,117 @@
+"""jar verification/installation, console scripts, and the kvspec CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from kvspec import cli, jar, tools
+
+SPECS = Path(__file__).parent / "specs"
+needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="java not installed")
+
+
+@pytest.fixture
+def fake_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv"))
+    monkeypatch.delenv("KVSPEC_TLA2TOOLS", raising=False)
+    return tmp_path / "venv"
+
+
+def test_jar_installed_once_and_stamped(fake_prefix: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = jar.jar_path()
+    assert path == fake_prefix / "share" / "kvspec" / "tla2tools.jar"
+    assert jar.sha256_file(path) == jar.JAR_SHA256
+    # Second call must not hash again (stamp matches size + mtime).
+    monkeypatch.setattr(jar, "sha256_file", lambda p: pytest.fail("re-hashed"))
+    assert jar.jar_path() == path
+
+
+def test_corrupt_jar_is_refused(fake_prefix: Path) -> None:
+    path = jar.jar_path()
+    path.write_bytes(b"not a jar")
+    with pytest.raises(jar.JarError) as exc:
+        jar.jar_path()
+    msg = str(exc.value)
+    assert str(path) in msg and jar.JAR_SHA256 in msg and "actual" in msg
+
+
+def test_missing_java(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(jar.shutil, "which", lambda name: None)
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    with pytest.raises(jar.JavaMissing) as exc:
+        jar.java_path()
+    assert str(exc.value) == (
+        "java not found: install the Debian package openjdk-17-jre-headless "
+        "(apt-get install -y openjdk-17-jre-headless)"
+    )
+    assert tools.tlc_main(["X.tla"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "openjdk-17-jre-headless" in err
+
+
+def test_bad_jar_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "tla2tools.jar"
+    bad.write_bytes(b"x")
+    monkeypatch.setenv("KVSPEC_TLA2TOOLS", str(bad))
+    assert tools.sany_main(["X.tla"]) == 2
+    assert "sha256 mismatch" in capsys.readouterr().err
+
+
+def test_java_command_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KVSPEC_TLC_XMX", raising=False)
+    cmd = tools.java_command("tlc2.TLC", ["Spec.tla", "-deadlock"])
+    assert cmd[1:3] == ["-XX:+UseParallelGC", "-cp"] and cmd[3].endswith("tla2tools.jar")
+    assert cmd[4:] == ["tlc2.TLC", "Spec.tla", "-deadlock"]
+
+
+@needs_java
+def test_tlc_console_script_passes_exit_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(SPECS)
+    # tla-bin style: Spec.cfg is found next to Spec.tla; TLC's exit code comes back.
+    assert tools.tlc_main(["-metadir", str(tmp_path / "md"), "Deadlock.tla"]) == 11
+
+
+@needs_java
+def test_sany_console_script() -> None:
+    assert tools.sany_main([str(SPECS / "Deadlock.tla")]) == 0
+
+
+@needs_java
+def test_cli_tlc_json_and_itf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVSPEC_TLC_DIR", str(tmp_path / "runs"))
+    out, itf = tmp_path / "r.json", tmp_path / "t.itf.json"
+    rc = cli.main(["tlc", str(SPECS / "Lasso.tla"), "--json", str(out), "--itf", str(itf)])
+    assert rc == 1
+    data = json.loads(out.read_text())
+    assert data["verdict"] == "violated" and data["property"] == "Reach9"
+    assert data["loop_index"] == 1
+    assert [s["values"]["x"] for s in data["counterexample"]] == [0, 1, 2, 3]
+    assert json.loads(itf.read_text())["loop"] == 1
+    assert cli.main(["tlc", str(SPECS / "Deadlock.tla"), "--no-deadlock"]) == 0
+    assert cli.main(["tlc", str(SPECS / "Deadlock.tla")]) == 1
+
+
+@needs_java
+def test_cli_tlc_error_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KVSPEC_TLC_DIR", str(tmp_path / "runs"))
+    assert cli.main(["tlc", str(SPECS / "SyntaxError.tla")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "SyntaxError.tla:5:20:" in err and "raw log:" in err
+
+
+@needs_java
+def test_cli_doctor(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["doctor", "--jar-only"]) == 0
+    assert cli.main(["doctor", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    assert report["ok"] is True and report["tla2tools_sha256"] == jar.JAR_SHA256
