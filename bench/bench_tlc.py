@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kvspec.jar import jar_path, java_path
 from kvspec.tlc import parse_messages, parse_trace, run_tlc
-from kvspec.tlcvalue import ModelValue, Record, state_to_tla
+from kvspec.tlcvalue import ModelValue, Record, Value, state_to_tla
 
 SPEC = """---- MODULE BenchSmall ----
 EXTENDS Naturals
@@ -64,7 +64,7 @@ def synthetic_trace_output(n: int) -> str:
     """A -tool trace of ``n`` states with records, sets, sequences and model values."""
     parts = []
     for i in range(1, n + 1):
-        state = {
+        state: dict[str, Value] = {
             "step": i,
             "req": Record.of({"id": i, "owner": ModelValue(f"w{i % 4}"), "done": i % 2 == 0}),
             "pending": frozenset(range(i % 7)),
