@@ -77,9 +77,7 @@ def _tlc_cmd(args: argparse.Namespace) -> int:
     if not args.spec.is_file():
         _err(f"no such spec: {args.spec}")
         return 2
-    result = run_tlc(
-        args.spec, args.config, timeout_s=args.timeout, deadlock=not args.no_deadlock
-    )
+    result = run_tlc(args.spec, args.config, timeout_s=args.timeout, deadlock=not args.no_deadlock)
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(dumps(result_to_json(result)))
