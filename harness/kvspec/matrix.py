@@ -1,0 +1,183 @@
+"""The model matrix: which spec instances `kvspec check` runs and what each must yield.
+
+The matrix is TOML (stdlib `tomllib`): a `[defaults]` table and one `[[model]]` table per
+row. A row names its variant, composition, topology, request count and KV capacity, and an
+`expect` table mapping property names to "holds" or "violated"; rows inherit the defaults'
+`expect` and override single entries. Errors name the file, the line (where TOML knows it)
+and what to change, in one line.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+VARIANTS = ("v0.29", "v0.30-shipped", "fixed", "naive-replicas")
+COMPOSITIONS = ("nixl", "multi-nixl-offload-upstream", "multi-nixl-offload-delaying")
+INVARIANTS = (
+    "TypeOK",
+    "NoFreeWhileInFlight",
+    "NoLateFinish",
+    "AtMostOnceEmit",
+    "HandshakeIdentityUnique",
+)
+TEMPORAL = ("DelayedEventuallyFreed", "NoStall")
+# Invariants that must be violated in any non-trivial model: they guard against vacuity
+# (a model in which nothing is ever sent or KV is never full proves nothing).
+REACHABILITY = ("ReachSending", "ReachFreedAfterSend", "ReachKVFull")
+PROPERTIES = INVARIANTS + TEMPORAL + REACHABILITY
+VERDICTS = ("holds", "violated")
+SPEC_FILE = Path(__file__).resolve().parents[2] / "spec" / "KVCompletion.tla"
+DEFAULT_MATRIX = Path(__file__).resolve().parents[2] / "spec" / "matrix.toml"
+
+
+class MatrixError(ValueError):
+    """A malformed matrix file; the message is one line with file and what to do."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    tp: int
+    pp: int
+    pcp: int
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.pcp
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    name: str
+    variant: str
+    composition: str
+    topology: Topology
+    requests: int
+    capacity: int
+    async_scheduling: bool
+    expect: dict[str, str] = field(default_factory=dict)
+    tier: str = "default"
+
+    def constants(self) -> dict[str, str]:
+        """CONSTANT assignments in TLC .cfg syntax."""
+        return {
+            "Variant": f'"{self.variant}"',
+            "Composition": f'"{self.composition}"',
+            "TP": str(self.topology.tp),
+            "PP": str(self.topology.pp),
+            "PCP": str(self.topology.pcp),
+            "NReq": str(self.requests),
+            "Capacity": str(self.capacity),
+            "AsyncScheduling": "TRUE" if self.async_scheduling else "FALSE",
+        }
+
+    def cfg_text(self, invariants: list[str], properties: list[str]) -> str:
+        lines = ["CONSTANTS"]
+        lines += [f"  {k} = {v}" for k, v in self.constants().items()]
+        lines.append("SPECIFICATION Spec")
+        if invariants:
+            lines.append("INVARIANTS " + " ".join(invariants))
+        if properties:
+            lines.append("PROPERTIES " + " ".join(properties))
+        return "\n".join(lines) + "\n"
+
+
+def _line_of(text: str, name: str) -> int:
+    m = re.search(rf'^\s*name\s*=\s*"{re.escape(name)}"', text, re.M)
+    return text[: m.start()].count("\n") + 1 if m else 0
+
+
+def _int(raw: object, where: str, what: str) -> int:
+    if not isinstance(raw, int) or isinstance(raw, bool) or raw < 1:
+        raise MatrixError(f"{where}: {what} must be a positive integer, got {raw!r}")
+    return raw
+
+
+def _row(raw: dict[str, object], defaults: dict[str, object], where: str) -> ModelRow:
+    merged = {**defaults, **raw}
+    name = merged.get("name")
+    if not isinstance(name, str) or not name:
+        raise MatrixError(f"{where}: every [[model]] needs a non-empty name = \"...\"")
+    variant = merged.get("variant")
+    if variant not in VARIANTS:
+        raise MatrixError(f"{where}: variant {variant!r} unknown; use one of {', '.join(VARIANTS)}")
+    comp = merged.get("composition")
+    if comp not in COMPOSITIONS:
+        raise MatrixError(
+            f"{where}: composition {comp!r} unknown; use one of {', '.join(COMPOSITIONS)}"
+        )
+    topo = merged.get("topology", {})
+    if not isinstance(topo, dict):
+        raise MatrixError(f"{where}: topology must be a table {{tp = 1, pp = 1, pcp = 2}}")
+    topology = Topology(
+        tp=_int(topo.get("tp", 1), where, "topology.tp"),
+        pp=_int(topo.get("pp", 1), where, "topology.pp"),
+        pcp=_int(topo.get("pcp", 1), where, "topology.pcp"),
+    )
+    expect: dict[str, str] = {}
+    for src in (defaults.get("expect", {}), raw.get("expect", {})):
+        if not isinstance(src, dict):
+            raise MatrixError(f"{where}: expect must be a table of property = \"holds\"|...")
+        for prop, verdict in src.items():
+            if prop not in PROPERTIES:
+                raise MatrixError(
+                    f"{where}: unknown property {prop!r}; use one of {', '.join(PROPERTIES)}"
+                )
+            if verdict not in VERDICTS and verdict != "skip":
+                raise MatrixError(
+                    f"{where}: expected verdict for {prop} must be holds, violated or skip"
+                )
+            expect[prop] = str(verdict)
+    expect = {k: v for k, v in expect.items() if v != "skip"}
+    async_sched = merged.get("async_scheduling", False)
+    if not isinstance(async_sched, bool):
+        raise MatrixError(f"{where}: async_scheduling must be true or false")
+    tier = merged.get("tier", "default")
+    if not isinstance(tier, str):
+        raise MatrixError(f"{where}: tier must be a string")
+    return ModelRow(
+        name=name,
+        variant=str(variant),
+        composition=str(comp),
+        topology=topology,
+        requests=_int(merged.get("requests", 1), where, "requests"),
+        capacity=_int(merged.get("capacity", 1), where, "capacity"),
+        async_scheduling=async_sched,
+        expect=expect,
+        tier=tier,
+    )
+
+
+def load_matrix(path: Path = DEFAULT_MATRIX) -> list[ModelRow]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise MatrixError(f"{path}: cannot read matrix ({exc.strerror}); pass --matrix FILE") from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise MatrixError(f"{path}: {exc}; fix the TOML syntax there") from exc
+    defaults = data.get("defaults", {})
+    models = data.get("model", [])
+    if not isinstance(models, list) or not models:
+        raise MatrixError(f"{path}:1: no [[model]] tables; add at least one")
+    rows: list[ModelRow] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(models):
+        name = raw.get("name", f"#{i + 1}")
+        where = f"{path}:{_line_of(text, str(name))}"
+        row = _row(raw, defaults, where)
+        if row.name in seen:
+            raise MatrixError(f"{where}: duplicate model name {row.name!r}; names must be unique")
+        seen.add(row.name)
+        rows.append(row)
+    return rows
+
+
+def find_row(rows: list[ModelRow], name: str) -> ModelRow:
+    for row in rows:
+        if row.name == name:
+            return row
+    raise MatrixError(f"no model named {name!r}; known: {', '.join(r.name for r in rows)}")
