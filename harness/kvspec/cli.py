@@ -140,18 +140,45 @@ def _doctor_cmd(args: argparse.Namespace) -> int:
     return 0 if report["ok"] else 2
 
 
+# ---------------------------------------------------------------- kvspec review
+
+
+def add_review_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "review", help="run check (and conform where vLLM is installed), write report/"
+    )
+    p.add_argument("--out", type=Path, default=Path("report"), help="report dir (report/)")
+    p.add_argument("--matrix", type=Path, help="matrix TOML (default spec/matrix.toml)")
+    p.add_argument("--only", action="append", default=[], metavar="NAME", help="model(s)")
+    p.add_argument("--check-json", type=Path, default=Path("build/check/results.json"))
+    p.add_argument("--reuse-check", action="store_true", help="read --check-json, skip TLC")
+    p.add_argument("--conform-json", type=Path, default=Path("build/conform.json"))
+    p.add_argument("--reuse-conform", action="store_true", help="read --conform-json if present")
+    p.add_argument("--no-conform", action="store_true", help="skip the conformance stage")
+    p.add_argument("--device", default="cpu", help="conformance device: cpu or cuda")
+    p.add_argument("--traces-json", type=Path, default=Path("build/traces.json"))
+    p.add_argument("--mutants-json", type=Path, default=Path("build/mutants.json"))
+    p.set_defaults(handler=_review_cmd)
+
+
+def _review_cmd(args: argparse.Namespace) -> int:
+    from kvspec.report import run_review
+
+    return run_review(args)
+
+
 # ---------------------------------------------------------------- registry
 # Other subcommands plug in here: write add_<name>_parser(sub) (lazy imports inside the
 # handler) and append it to PARSERS.
 #   TODO(check):    add_check_parser    -> kvspec.check
 #   TODO(traces):   add_traces_parser   -> kvspec.traces
 #   TODO(conform):  add_conform_parser  -> kvspec.conform
-#   TODO(review):   add_review_parser   -> kvspec.review
 #   TODO(mutants):  add_mutants_parser  -> kvspec.mutants
 
 PARSERS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     add_tlc_parser,
     add_doctor_parser,
+    add_review_parser,
 ]
 
 

@@ -361,7 +361,12 @@ def _describe(
             a, b = _int(agg_a.get(q, 0)), _int(agg_b[q])
             if a != b and q not in emitted:
                 ev.append(
-                    Event("box", AGGREGATOR, AGGREGATOR, f"req {q}: remaining {a or '-'} -> {b}")
+                    Event(
+                        "box",
+                        AGGREGATOR,
+                        AGGREGATOR,
+                        f"req {q}: remaining {a or 'new'} -> {b or 'none'}",
+                    )
                 )
         for q in finishing:
             ev.append(Event("box", SCHEDULER, SCHEDULER, f"req {q} finished: free delayed"))
@@ -601,11 +606,14 @@ def render_svg(
     ``standalone=False`` omits the XML namespace (for inline SVG in HTML).
     """
     a = analyze(itf_doc, topology=topology, prop=prop)
+    top_y = _TOP if title else 12
     lanes = a.lanes
     lane_x = {key: _LEFT + _LANE_W * (i + 0.5) for i, (key, _) in enumerate(lanes)}
     width = _LEFT + _LANE_W * len(lanes) + 20
+    final_w = max([_LANE_W * len(lanes) - 20] + [_text_w(x) + 20 for x in a.final])
+    width = max(width, int(_LEFT + 30 + final_w))
     body: list[str] = []
-    y = _TOP + 34
+    y = top_y + 34
     row_spans: dict[int, tuple[float, float]] = {}
     for st in a.steps:
         n = max(1, len(st.events))
@@ -683,7 +691,7 @@ def render_svg(
         tone: Tone = "muted" if a.final_kind == "end" else "bad"
         stroke, fill, color = _COLORS[tone]
         fh = len(a.final) * _LINE_H + 10
-        fw = max(_LANE_W * len(lanes) - 20, max(_text_w(x) for x in a.final) + 20)
+        fw = final_w
         parts = [
             f'<g class="final-marker {kind_cls[a.final_kind]}">',
             f'<rect x="{_LEFT + 10}" y="{fy:.1f}" width="{fw:.1f}" height="{fh}" rx="4" '
@@ -704,7 +712,6 @@ def render_svg(
         parts.append("</g>")
         body.append("".join(parts))
         fy += fh
-        width = max(width, int(_LEFT + 30 + fw))
     height = int(fy + 16)
     head: list[str] = []
     for key, label in lanes:
@@ -712,10 +719,10 @@ def render_svg(
         bw = min(_LANE_W - 10, _text_w(label))
         head.append(
             f'<g class="lane" data-lane="{escape(key)}">'
-            f'<line x1="{x:.1f}" y1="{_TOP + 26}" x2="{x:.1f}" y2="{bottom:.1f}" '
+            f'<line x1="{x:.1f}" y1="{top_y + 26}" x2="{x:.1f}" y2="{bottom:.1f}" '
             f'stroke="#b0b6bf" stroke-dasharray="4 3"/>'
-            f'<rect x="{x - bw / 2:.1f}" y="{_TOP}" width="{bw:.1f}" height="24" rx="4" '
-            f'fill="#263238"/>' + _t(x, _TOP + 16, label, color="#fff", size=10) + "</g>"
+            f'<rect x="{x - bw / 2:.1f}" y="{top_y}" width="{bw:.1f}" height="24" rx="4" '
+            f'fill="#263238"/>' + _t(x, top_y + 16, label, color="#fff", size=10) + "</g>"
         )
     top = _t(8, 22, title, anchor="start", size=14, weight="bold", color="#222") if title else ""
     ns = ' xmlns="http://www.w3.org/2000/svg"' if standalone else ""

