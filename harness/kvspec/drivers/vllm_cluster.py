@@ -1,0 +1,517 @@
+"""An in-process mini-cluster built from the real vLLM classes (the vLLM driver's engine room).
+
+What is real: vLLM's v1 `Scheduler` (producer), W worker-side connector instances (NIXL pull
+producers, optionally inside vLLM's `MultiConnector`) over KV cache tensors allocated by
+`vllm.v1.worker.utils.allocate_kv_cache` and registered with their own NIXL agents, the
+`KVOutputAggregator`, a decode-side worker `NixlConnector` (kv_consumer) that handshakes over
+the real ZMQ side channel and issues real NIXL READs (UCX), and NIXL's notifications.
+What is replaced: the model forward (the driver builds a synthetic `ModelRunnerOutput`),
+and the process group: all workers live in one process, so each worker's rank identity
+(`pcp_rank`) is set by hand after construction, as vLLM would derive it from its group.
+
+Cost: vLLM is imported once per process (`vllm_api()`), and clusters are pooled by shape
+(`acquire` / `release`): a released cluster keeps its NIXL agents, registered KV caches and
+the consumer's completed handshake, and is reset (every connector's request state cleared,
+notifications drained) before reuse. `shutdown_pool()` (also run at exit) tears every pooled
+cluster down: connector shutdown, memory deregistration, agents dropped, threads joined.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+FIXTURE_MODEL = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "tiny-opt"
+BLOCK_SIZE = 32
+NUM_LAYERS = 2
+NUM_KV_HEADS = 2
+HEAD_SIZE = 32
+MAX_MODEL_LEN = 256
+# Leases never run out by wall-clock during a trace: time is the lease_expire action's.
+LEASE_SECONDS = 3600
+WAIT_TIMEOUT_S = 10.0
+
+
+class DriverUnavailable(RuntimeError):
+    """The vLLM driver cannot run here (missing package, device, or unsupported shape)."""
+
+
+class ClusterError(RuntimeError):
+    """A wait timed out or the cluster could not be brought to a consistent state."""
+
+
+_API: SimpleNamespace | None = None
+
+
+def vllm_api() -> SimpleNamespace:
+    """Import vLLM (once per process) and initialise a 1-process gloo group."""
+    global _API
+    if _API is not None:
+        return _API
+    try:
+        from vllm.config import (
+            set_current_vllm_config,
+        )
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+        from vllm.distributed.parallel_state import (
+            ensure_model_parallel_initialized,
+            init_distributed_environment,
+        )
+    except Exception as exc:  # ImportError, or a broken CUDA-only dependency
+        raise DriverUnavailable(f"vLLM/NIXL cannot be imported here: {exc}") from exc
+
+    from kvspec.drivers import offload_delaying
+
+    with contextlib.suppress(ValueError):  # already registered in this process
+        KVConnectorFactory.register_connector(
+            offload_delaying.CONNECTOR_NAME,
+            offload_delaying.MODULE_PATH,
+            offload_delaying.CLASS_NAME,
+        )
+    api = SimpleNamespace(**{k: v for k, v in locals().items() if k not in ("exc",)})
+    cfg = _vllm_config(api, "kv_producer", "kvspec-boot", "nixl", 1, 1, 1, 1, False, "cpu")
+    with set_current_vllm_config(cfg):
+        init_distributed_environment(
+            world_size=1,
+            rank=0,
+            distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
+            local_rank=0,
+            backend="gloo",
+        )
+        ensure_model_parallel_initialized(1, 1)
+    _API = api
+    return api
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _nixl_ktc(role: str) -> dict[str, Any]:
+    return {
+        "kv_connector": "NixlConnector",
+        "kv_role": role,
+        "kv_buffer_device": "cpu",
+        "kv_connector_extra_config": {"kv_lease_duration": LEASE_SECONDS, "num_threads": 1},
+    }
+
+
+def _vllm_config(
+    api: SimpleNamespace,
+    role: str,
+    engine_id: str,
+    composition: str,
+    tp: int,
+    pp: int,
+    pcp: int,
+    blocks: int,
+    async_scheduling: bool,
+    device: str,
+) -> Any:
+    nixl = _nixl_ktc(role)
+    if composition == "nixl" or role == "kv_consumer":
+        ktc = api.KVTransferConfig(engine_id=engine_id, **nixl)
+    else:
+        child: dict[str, Any]
+        if composition == "multi-nixl-offload-delaying":
+            from kvspec.drivers import offload_delaying
+
+            # Registered with KVConnectorFactory in vllm_api().
+            child = {"kv_connector": offload_delaying.CONNECTOR_NAME, "kv_role": role}
+        else:  # pragma: no cover - upstream offload child
+            raise DriverUnavailable(
+                f"composition {composition!r} is not wired in the vLLM driver yet"
+            )
+        ktc = api.KVTransferConfig(
+            engine_id=engine_id,
+            kv_connector="MultiConnector",
+            kv_role=role,
+            kv_buffer_device="cpu",
+            kv_connector_extra_config={"connectors": [nixl, child]},
+        )
+    model = api.ModelConfig(
+        model=str(FIXTURE_MODEL),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=MAX_MODEL_LEN,
+        seed=0,
+    )
+    cache = api.CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False)
+    cache.num_gpu_blocks_override = blocks
+    sched = api.SchedulerConfig(
+        max_model_len=MAX_MODEL_LEN,
+        is_encoder_decoder=False,
+        max_num_seqs=64,
+        max_num_batched_tokens=4096,
+        enable_chunked_prefill=False,
+        async_scheduling=async_scheduling,
+    )
+    cfg = api.VllmConfig(
+        model_config=model,
+        cache_config=cache,
+        scheduler_config=sched,
+        kv_transfer_config=ktc,
+        device_config=api.DeviceConfig(device),
+    )
+    cfg.cache_config.kv_cache_layout = "LBHNC"
+    # Topology the connectors read from the config; ranks are set per worker by hand.
+    cfg.parallel_config.prefill_context_parallel_size = pcp
+    return cfg
+
+
+def _kv_cache_config(api: SimpleNamespace, cfg: Any) -> Any:
+    layers = [f"model.decoder.layers.{i}.self_attn.attn" for i in range(NUM_LAYERS)]
+    spec = api.FullAttentionSpec(
+        block_size=BLOCK_SIZE,
+        num_kv_heads=NUM_KV_HEADS,
+        head_size=HEAD_SIZE,
+        dtype=api.torch.float32,
+    )
+    kc = api.get_kv_cache_config_from_groups(cfg, [api.KVCacheGroupSpec(layers, spec)], 1 << 30)
+    cfg.cache_config.num_gpu_blocks = kc.num_blocks
+    return kc
+
+
+@contextlib.contextmanager
+def _keep_affinity() -> Iterator[None]:
+    """NIXL's CPU worker pins the whole process to one core (os.sched_setaffinity):
+    undo that, it is a deployment tuning, not part of the protocol."""
+    aff = os.sched_getaffinity(0)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, aff)
+
+
+class NotifInbox:
+    """Notifications that reached one producer rank's NIXL agent.
+
+    vLLM's `_get_new_notifs` reads them through `nixl_wrapper.get_new_notifs()`; that call
+    is routed here. A read's "req:1" notification is held from its arrival until the
+    spec's `consumer_get_finished` delivers it (network delay is the spec's, so the driver
+    decides when it lands); delivered but unread ones are the spec's `notif`.
+    """
+
+    def __init__(self, wrapper: Any) -> None:
+        self.wrapper = wrapper
+        self._poll_agent = wrapper.get_new_notifs  # the real bound method
+        self.arrived: list[tuple[str, bytes]] = []
+        self.delivered: list[tuple[str, bytes]] = []
+        wrapper.get_new_notifs = self.get_new_notifs
+
+    def poll(self) -> None:
+        for agent, msgs in self._poll_agent().items():
+            self.arrived.extend((agent, m) for m in msgs)
+
+    def get_new_notifs(self, backends: list[str] | None = None) -> dict[str, list[bytes]]:
+        self.poll()
+        out: dict[str, list[bytes]] = {}
+        for agent, msg in self.delivered:
+            out.setdefault(agent, []).append(msg)
+        self.delivered = []
+        return out
+
+    def wait_arrived(self, msg: bytes, timeout: float) -> tuple[str, bytes]:
+        deadline = time.monotonic() + timeout
+        while True:
+            self.poll()
+            for item in self.arrived:
+                if item[1] == msg:
+                    self.arrived.remove(item)
+                    return item
+            if time.monotonic() > deadline:
+                raise ClusterError(f"notification {msg!r} did not arrive in {timeout}s")
+            time.sleep(0.0005)
+
+    def reset(self) -> None:
+        self.poll()
+        self.arrived.clear()
+        self.delivered.clear()
+
+    def restore(self) -> None:
+        with contextlib.suppress(AttributeError):
+            del self.wrapper.get_new_notifs
+
+
+@dataclass(frozen=True)
+class ClusterKey:
+    composition: str
+    tp: int
+    pp: int
+    pcp: int
+    nreq: int
+    capacity: int
+    async_scheduling: bool
+    device: str
+
+
+_SEQ = itertools.count()
+
+
+@dataclass
+class Cluster:
+    """Built once per ClusterKey and reused (see module docstring)."""
+
+    key: ClusterKey
+    api: SimpleNamespace
+    engine_id: str
+    cfg: Any
+    kv_cache_config: Any
+    workers: list[Any]  # worker-role connector per rank (NixlConnector or MultiConnector)
+    caches: list[dict[str, Any]]
+    inboxes: list[NotifInbox]
+    consumer: Any  # worker-role NixlConnector, kv_consumer
+    consumer_caches: dict[str, Any]
+    listener: Any  # scheduler-role NixlConnector that served the handshake
+    store_engine: Any | None
+    closed: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return self.key.tp * self.key.pp * self.key.pcp
+
+    def nixl(self, w: int) -> Any:
+        """The NIXL connector (the MultiConnector's first child) of rank w."""
+        c = self.workers[w]
+        return c._connectors[0] if self.key.composition != "nixl" else c
+
+    def nixl_worker(self, w: int) -> Any:
+        return self.nixl(w).connector_worker
+
+    def reset(self) -> None:
+        for w in range(self.world_size):
+            nw = self.nixl_worker(w)
+            nw._reqs_to_process.clear()
+            nw._reqs_to_send.clear()
+            nw._replicated_pcp_done_sending.clear()
+            nw.consumer_notification_counts_by_req.clear()
+            nw.expected_consumer_notifications_by_req.clear()
+            self.inboxes[w].reset()
+            if self.key.composition != "nixl":
+                self.workers[w]._extra_async_saves.clear()
+            self.workers[w].clear_connector_metadata()
+        if self.store_engine is not None:
+            self.store_engine.reset()
+        cw = self.consumer.connector_worker
+        deadline = time.monotonic() + WAIT_TIMEOUT_S
+        while cw._recving_transfers and time.monotonic() < deadline:
+            self.consumer_poll()
+            time.sleep(0.001)
+        for handles in cw._recving_transfers.values():
+            for h in handles:
+                with contextlib.suppress(Exception):
+                    cw.nixl_wrapper.release_xfer_handle(h)
+        cw._recving_transfers.clear()
+        cw._recving_metadata.clear()
+        cw._recv_failures.clear()
+        # Late notifications of reads finished in the previous trace.
+        time.sleep(0.002)
+        for ib in self.inboxes:
+            ib.reset()
+
+    def consumer_poll(self) -> Any:
+        """One get_transfer_results of the consumer worker (as its model runner calls it)."""
+        c = self.consumer
+        c.bind_connector_metadata(self.api.NixlConnectorMetadata())
+        try:
+            return c.get_transfer_results(set())
+        finally:
+            c.clear_connector_metadata()
+
+    def shutdown(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for ib in self.inboxes:
+            ib.restore()
+        for c in [*self.workers, self.consumer]:
+            with contextlib.suppress(Exception):
+                c.shutdown()
+        self.listener.shutdown()
+        if self.store_engine is not None:
+            from kvspec.drivers import offload_delaying
+
+            offload_delaying.drop_store_engine(self.engine_id)
+        # Drop the agents (their destructors release UCX workers) and the caches.
+        self.workers.clear()
+        self.inboxes.clear()
+        self.caches.clear()
+        self.consumer = None
+        self.consumer_caches = {}
+
+
+def build_cluster(key: ClusterKey) -> Cluster:
+    api = vllm_api()
+    if key.device == "cuda" and not api.torch.cuda.is_available():
+        raise DriverUnavailable("device cuda requested but torch sees no CUDA device")
+    if key.tp != 1 or key.pp != 1:
+        raise DriverUnavailable(
+            "the vLLM driver simulates PCP ranks only (tp = pp = 1): a TP/PP producer needs "
+            "one decode rank per (tp, pp) and a per-rank transfer topology, not wired yet"
+        )
+    if key.device != "cpu":
+        raise DriverUnavailable("device cuda: KV caches in VRAM are not wired in this build")
+    n = next(_SEQ)
+    engine_id = f"kvspec-P-{os.getpid()}-{n}"
+    port = free_port()
+    os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(port)
+    os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "127.0.0.1"
+    W = key.tp * key.pp * key.pcp
+    cfg = _vllm_config(
+        api,
+        "kv_producer",
+        engine_id,
+        key.composition,
+        key.tp,
+        key.pp,
+        key.pcp,
+        key.capacity + 1,  # + vLLM's null block
+        key.async_scheduling,
+        key.device,
+    )
+    kc = _kv_cache_config(api, cfg)
+    device = api.torch.device(key.device)
+    layout = cfg.cache_config.get_resolved_kv_cache_layout()
+    workers: list[Any] = []
+    caches: list[dict[str, Any]] = []
+    inboxes: list[NotifInbox] = []
+    gen = api.torch.Generator().manual_seed(1234 + n)
+    for w in range(W):
+        with api.set_current_vllm_config(cfg), _keep_affinity():
+            conn = api.KVConnectorFactory.create_connector(
+                config=cfg, role=api.KVConnectorRole.WORKER, kv_cache_config=kc
+            )
+        nixl = conn if key.composition == "nixl" else conn._connectors[0]
+        nw = nixl.connector_worker
+        # Rank identity (spec layout: pcp innermost); vLLM reads it from the PCP group.
+        nw.pcp_rank = w % key.pcp
+        nw.pcp_dcp_sharded = False
+        if key.composition == "multi-nixl-offload-delaying":
+            conn._connectors[1].rank = w
+        kv = api.allocate_kv_cache(kc, device, layout)
+        for t in kv.values():
+            t.copy_(api.torch.randn(t.shape, generator=gen, dtype=t.dtype))
+        with api.set_current_vllm_config(cfg):
+            conn.register_kv_caches(kv)
+        workers.append(conn)
+        caches.append(kv)
+        inboxes.append(NotifInbox(nw.nixl_wrapper))
+    # The producer engine's side channel: a scheduler-role NixlConnector serving every
+    # published rank's handshake metadata, keyed by (pp, tp) as the engine collects it.
+    lcfg = _vllm_config(
+        api, "kv_producer", engine_id, "nixl", 1, 1, key.pcp, key.capacity + 1, False, key.device
+    )
+    _kv_cache_config(api, lcfg)
+    with api.set_current_vllm_config(lcfg):
+        listener = api.KVConnectorFactory.create_connector(
+            config=lcfg, role=api.KVConnectorRole.SCHEDULER, kv_cache_config=kc
+        )
+    md: dict[tuple[int, int], Any] = {}
+    for w, conn in enumerate(workers):
+        h = conn.get_handshake_metadata()
+        if h is not None:
+            md[(w // (key.pcp * key.tp), (w // key.pcp) % key.tp)] = h
+    listener.set_xfer_handshake_metadata_pp_aware(md)
+    # Decode side: one consumer worker (tp = pp = 1), its own caches and agent.
+    dcfg = _vllm_config(
+        api,
+        "kv_consumer",
+        f"kvspec-D-{os.getpid()}-{n}",
+        "nixl",
+        1,
+        1,
+        1,
+        key.nreq + 1,
+        False,
+        key.device,
+    )
+    dkc = _kv_cache_config(api, dcfg)
+    with api.set_current_vllm_config(dcfg), _keep_affinity():
+        consumer = api.KVConnectorFactory.create_connector(
+            config=dcfg, role=api.KVConnectorRole.WORKER, kv_cache_config=dkc
+        )
+    dkv = api.allocate_kv_cache(dkc, device, layout)
+    with api.set_current_vllm_config(dcfg):
+        consumer.register_kv_caches(dkv)
+    cw = consumer.connector_worker
+    fut = cw._ensure_handshake(engine_id, "127.0.0.1", port, key.tp)
+    deadline = time.monotonic() + WAIT_TIMEOUT_S
+    while fut is not None and engine_id not in cw._remote_agents:
+        if fut.done() and fut.exception() is not None:
+            raise ClusterError(f"NIXL handshake with the producer failed: {fut.exception()}")
+        if time.monotonic() > deadline:
+            raise ClusterError("NIXL handshake with the producer timed out")
+        time.sleep(0.001)
+    # The handshake is done; the listener thread may stop (it exits within 1 s).
+    listener.connector_scheduler._stop_event.set()
+    store = None
+    if key.composition == "multi-nixl-offload-delaying":
+        store = workers[0]._connectors[1].engine
+    return Cluster(
+        key=key,
+        api=api,
+        engine_id=engine_id,
+        cfg=cfg,
+        kv_cache_config=kc,
+        workers=workers,
+        caches=caches,
+        inboxes=inboxes,
+        consumer=consumer,
+        consumer_caches=dkv,
+        listener=listener,
+        store_engine=store,
+    )
+
+
+_POOL: dict[ClusterKey, list[Cluster]] = {}
+_LIVE: list[Cluster] = []
+
+
+def acquire(key: ClusterKey) -> Cluster:
+    idle = _POOL.setdefault(key, [])
+    if idle:
+        c = idle.pop()
+        c.reset()
+        return c
+    c = build_cluster(key)
+    _LIVE.append(c)
+    return c
+
+
+def release(cluster: Cluster) -> None:
+    if cluster.closed:
+        return
+    try:
+        cluster.reset()
+    except Exception:
+        discard(cluster)
+        raise
+    _POOL.setdefault(cluster.key, []).append(cluster)
+
+
+def discard(cluster: Cluster) -> None:
+    cluster.shutdown()
+    if cluster in _LIVE:
+        _LIVE.remove(cluster)
+
+
+def shutdown_pool() -> None:
+    """Tear down every cluster this process built (pooled or not)."""
+    for c in list(_LIVE):
+        discard(c)
+    _POOL.clear()
+
+
+atexit.register(shutdown_pool)
