@@ -1,0 +1,157 @@
+"""The reference model's reachable graph equals the one TLC dumps, state for state and
+edge for edge (src state, action name, dst state), on small models covering PCP 1 and 2,
+all three compositions, async on/off and the known-bad variants.
+
+A negative control bends the reference (aggregator expected count off by one; one rank's
+report dropped) and shows the comparison catches it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+
+import pytest
+from kvspec.drivers.reference import (
+    Model,
+    Params,
+    RankResult,
+    State,
+    Step,
+    after_reports,
+    reachable,
+    to_values,
+)
+from kvspec.matrix import ModelRow, Topology
+from kvspec.statgraph import StateGraph, parse_dot, state_key, tlc_state_graph
+
+pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="java not installed")
+
+
+def row(
+    name: str, variant: str, comp: str, tp: int, pcp: int, nreq: int, cap: int, asy: bool
+) -> ModelRow:
+    return ModelRow(name, variant, comp, Topology(tp, 1, pcp), nreq, cap, asy)
+
+
+DELAY = "multi-nixl-offload-delaying"
+UPSTREAM = "multi-nixl-offload-upstream"
+MODELS = [
+    row("fixed-delaying-pcp2-r2", "fixed", DELAY, 1, 2, 2, 1, False),
+    row("shipped-nixl-pcp2", "v0.30-shipped", "nixl", 1, 2, 1, 1, False),
+    row("fixed-delaying-async-pcp1", "fixed", DELAY, 1, 1, 1, 1, True),
+    row("naive-nixl-pcp2", "naive-replicas", "nixl", 1, 2, 1, 1, False),
+    row("v029-delaying-pcp2", "v0.29", DELAY, 1, 2, 1, 1, False),
+    row("fixed-nixl-tp2", "fixed", "nixl", 2, 1, 1, 1, False),
+    row("shipped-upstream-pcp2", "v0.30-shipped", UPSTREAM, 1, 2, 1, 1, False),
+    row("fixed-nixl-async-pcp2-r2", "fixed", "nixl", 1, 2, 2, 1, True),
+]
+
+
+@dataclass
+class Keys:
+    states: set[str]
+    edges: set[tuple[str, str, str]]
+
+
+def reference_keys(r: ModelRow, model: Model | None = None) -> Keys:
+    got = reachable(r, model=model)
+    assert got is not None
+    states, edges = got
+    key = {s: state_key(to_values(r, s)) for s in states}
+    return Keys(set(key.values()), {(key[a], act.name, key[b]) for a, act, b in edges})
+
+
+def tlc_keys(g: StateGraph) -> Keys:
+    return Keys(g.state_keys(), g.edge_keys())
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, StateGraph]:
+    """TLC dumps, computed lazily once per model for the whole module."""
+    cache: dict[str, StateGraph] = {}
+    base = tmp_path_factory.mktemp("tlc")
+
+    class Lazy(dict[str, StateGraph]):
+        def __missing__(self, name: str) -> StateGraph:
+            r = next(m for m in MODELS if m.name == name)
+            cache[name] = tlc_state_graph(r, base / name)
+            return cache[name]
+
+    return Lazy()
+
+
+@pytest.mark.parametrize("r", MODELS, ids=lambda r: r.name)
+def test_reachable_graph_equals_tlc(r: ModelRow, graphs: dict[str, StateGraph]) -> None:
+    g = graphs[r.name]
+    ref = reference_keys(r)
+    tlc = tlc_keys(g)
+    assert len(g.initial) == 1
+    assert len(g.states) == len(tlc.states), "TLC printed two fingerprints for one state"
+    assert ref.states == tlc.states, (
+        f"{len(ref.states - tlc.states)} states only in the reference, "
+        f"{len(tlc.states - ref.states)} only in TLC"
+    )
+    assert ref.edges == tlc.edges, (
+        f"{len(ref.edges - tlc.edges)} edges only in the reference, "
+        f"{len(tlc.edges - ref.edges)} only in TLC: "
+        f"{sorted({e[1] for e in ref.edges ^ tlc.edges})}"
+    )
+    # Every action name of Next the model can take appears; a vacuous graph proves nothing.
+    assert {"schedule", "execute_model", "update_from_output", "abort"} <= {e[1] for e in tlc.edges}
+
+
+class OffByOne(Model):
+    """The aggregator expects one report more than the spec says."""
+
+    def expected(self) -> int:
+        return self.p.expected + 1
+
+
+class DropLastRank(Model):
+    """The last rank's finished_sending report never reaches the aggregator."""
+
+    def rank_step(self, p: Params, s: State, w: int, m: Step) -> RankResult:
+        res = super().rank_step(p, s, w, m)
+        if w == p.w - 1:
+            return RankResult(res.toProcess, res.lease, res.expired, res.replQ, res.extra,
+                              frozenset())  # fmt: skip
+        return res
+
+
+@pytest.mark.parametrize("bent", [OffByOne, DropLastRank], ids=lambda c: c.__name__)
+def test_negative_control_wrong_reference_differs(
+    bent: type[Model], graphs: dict[str, StateGraph]
+) -> None:
+    r = MODELS[0]  # fixed, delaying, PCP=2: both ranks report, the count matters
+    tlc = tlc_keys(graphs[r.name])
+    wrong = reference_keys(r, bent(r))
+    assert wrong.states != tlc.states or wrong.edges != tlc.edges
+
+
+def test_after_reports_arithmetic() -> None:
+    # Expected 2: one report leaves 1 remaining; the second empties the entry.
+    assert after_reports(2, 0, 1) == 1
+    assert after_reports(2, 1, 1) == 0
+    assert after_reports(2, 0, 2) == 0
+    # Over-reporting wraps into a fresh entry (the 0.29 TP x PP count at PCP=2).
+    assert after_reports(1, 0, 2) == 0
+    assert after_reports(2, 1, 2) == 1
+    assert after_reports(3, 0, 0) == 0
+
+
+def test_parse_dot_escapes_and_stutter() -> None:
+    text = "\n".join(
+        [
+            "strict digraph DiskGraph {",
+            '1 [label="/\\\\ x = \\"a\\\\\\"b\\"\\n/\\\\ y = {1}",style = filled]',
+            '1 -> 2 [label="Go",color="2",fontcolor="2"];',
+            '2 [label="/\\\\ x = \\"c\\"\\n/\\\\ y = {}"];',
+            '2 -> 2 [style="dashed"];',
+            "}",
+        ]
+    )
+    g = parse_dot(text)
+    assert g.states[1] == {"x": 'a"b', "y": frozenset({1})}
+    assert g.edges == [(1, "Go", 2)]
+    assert g.initial == {1}
