@@ -170,14 +170,21 @@ def _review_cmd(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- registry
 # Other subcommands plug in here: write add_<name>_parser(sub) (lazy imports inside the
 # handler) and append it to PARSERS.
-#   TODO(check):    add_check_parser    -> kvspec.check
 #   TODO(traces):   add_traces_parser   -> kvspec.traces
 #   TODO(conform):  add_conform_parser  -> kvspec.conform
 #   TODO(mutants):  add_mutants_parser  -> kvspec.mutants
 
+
+def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from kvspec.check import add_check_parser as add
+
+    add(sub)
+
+
 PARSERS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     add_tlc_parser,
     add_doctor_parser,
+    add_check_parser,
     add_review_parser,
 ]
 

@@ -1,0 +1,378 @@
+"""`kvspec check`: model-check every matrix row and compare each verdict with its expectation.
+
+Per row, TLC runs as few times as the verdicts allow:
+* safety: one run with every invariant still undecided; a violated invariant is recorded
+  (with its counterexample) and dropped, and TLC runs again until the rest hold;
+* liveness: one run with every temporal property expected to hold (if it passes, all
+  hold); TLC 2.15 does not name the temporal property it refutes, so a property expected
+  to be violated, or a joint run that fails, is checked on its own.
+Runs go two at a time (2 cores here). One failing row never hides the others: an error is
+a verdict of its own and the table still prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvspec import itf
+from kvspec.matrix import (
+    DEFAULT_MATRIX,
+    INVARIANTS,
+    REACHABILITY,
+    SPEC_FILE,
+    TEMPORAL,
+    MatrixError,
+    ModelRow,
+    load_matrix,
+)
+from kvspec.tlc import TLCResult, Trace, run_tlc
+
+REPO = SPEC_FILE.parents[1]
+DEFAULT_OUT = REPO / "build" / "check"
+TIMEOUT_S = float(os.environ.get("KVSPEC_CHECK_TIMEOUT", "600"))
+
+
+@dataclass
+class PropertyResult:
+    model: ModelRow
+    property: str
+    expected: str
+    verdict: str  # holds | violated | error | timeout
+    distinct_states: int | None
+    seconds: float
+    counterexample: dict[str, Any] | None = None
+    error: str | None = None
+    log_path: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == self.expected
+
+    def to_json(self) -> dict[str, Any]:
+        topo = self.model.topology
+        return {
+            "model": self.model.name,
+            "variant": self.model.variant,
+            "composition": self.model.composition,
+            "topology": {"tp": topo.tp, "pp": topo.pp, "pcp": topo.pcp},
+            "requests": self.model.requests,
+            "capacity": self.model.capacity,
+            "async_scheduling": self.model.async_scheduling,
+            "property": self.property,
+            "expected": self.expected,
+            "verdict": self.verdict,
+            "distinct_states": self.distinct_states,
+            "seconds": round(self.seconds, 2),
+            "counterexample": self.counterexample,
+            "error": self.error,
+            "log": self.log_path,
+        }
+
+
+def _annotate_actions(row: ModelRow, doc: dict[str, Any]) -> dict[str, Any]:
+    """Give each counterexample step its action parameters ("lease_expire(1, 0)").
+
+    TLC 2.15 prints only the operator name; the reference model knows which instance
+    leads from one state to the next. Without it the bare name stays.
+    """
+    try:
+        from kvspec.drivers.reference import successors
+        from kvspec.itf import value_from_itf
+    except ImportError:
+        return doc
+    states = doc["states"]
+    for prev, cur in zip(states, states[1:], strict=False):
+        want = {k: v for k, v in cur.items() if k != "#meta"}
+        before = {k: value_from_itf(v) for k, v in prev.items() if k != "#meta"}
+        for action, nxt in successors(row, before):
+            if (
+                action.name == cur["#meta"]["action"]
+                and {k: itf.value_to_itf(v) for k, v in nxt.items()} == want
+            ):
+                cur["#meta"]["action"] = str(action)
+                break
+    if states:
+        states[0]["#meta"]["action"] = "init"
+    return doc
+
+
+def _counterexample(row: ModelRow, trace: Trace | None, prop: str) -> dict[str, Any] | None:
+    if trace is None:
+        return None
+    doc = itf.trace_to_itf(trace, source=str(SPEC_FILE.relative_to(REPO)), description=prop)
+    doc["#meta"]["model"] = row.name
+    doc["#meta"]["property"] = prop
+    return _annotate_actions(row, doc)
+
+
+def _run(row: ModelRow, invariants: list[str], properties: list[str], work: Path) -> TLCResult:
+    work.mkdir(parents=True, exist_ok=True)
+    tag = "safety" if invariants else "-".join(properties)
+    cfg = work / f"{tag}.cfg"
+    cfg.write_text(row.cfg_text(invariants, properties))
+    return run_tlc(
+        SPEC_FILE, cfg, deadlock=False, timeout_s=TIMEOUT_S, log_dir=work / "tlc", fp=0, seed=0
+    )
+
+
+def _failed(row: ModelRow, props: Sequence[str], res: TLCResult) -> list[PropertyResult]:
+    verdict = res.verdict if res.verdict in ("error", "timeout") else "error"
+    error = res.error or f"TLC verdict {res.verdict}; raw log: {res.log_path}"
+    return [
+        PropertyResult(
+            row,
+            p,
+            row.expect[p],
+            verdict,
+            res.distinct_states,
+            res.seconds,
+            error=error,
+            log_path=str(res.log_path),
+        )
+        for p in props
+    ]
+
+
+def check_safety(row: ModelRow, work: Path) -> list[PropertyResult]:
+    pending = [p for p in INVARIANTS + REACHABILITY if p in row.expect]
+    out: list[PropertyResult] = []
+    while pending:
+        res = _run(row, pending, [], work)
+        if res.verdict == "holds":
+            out += [
+                PropertyResult(
+                    row,
+                    p,
+                    row.expect[p],
+                    "holds",
+                    res.distinct_states,
+                    res.seconds,
+                    log_path=str(res.log_path),
+                )
+                for p in pending
+            ]
+            break
+        if res.verdict != "violated" or res.violated_property not in pending:
+            out += _failed(row, pending, res)
+            break
+        prop = res.violated_property
+        out.append(
+            PropertyResult(
+                row,
+                prop,
+                row.expect[prop],
+                "violated",
+                res.distinct_states,
+                res.seconds,
+                counterexample=_counterexample(row, res.counterexample, prop),
+                log_path=str(res.log_path),
+            )
+        )
+        pending.remove(prop)
+    return out
+
+
+def _temporal_one(row: ModelRow, prop: str, work: Path) -> PropertyResult:
+    res = _run(row, [], [prop], work)
+    if res.verdict in ("holds", "violated"):
+        return PropertyResult(
+            row,
+            prop,
+            row.expect[prop],
+            res.verdict,
+            res.distinct_states,
+            res.seconds,
+            counterexample=(
+                _counterexample(row, res.counterexample, prop)
+                if res.verdict == "violated"
+                else None
+            ),
+            log_path=str(res.log_path),
+        )
+    return _failed(row, [prop], res)[0]
+
+
+def check_liveness(row: ModelRow, work: Path) -> list[PropertyResult]:
+    props = [p for p in TEMPORAL if p in row.expect]
+    hold = [p for p in props if row.expect[p] == "holds"]
+    out: list[PropertyResult] = []
+    if len(hold) > 1:
+        res = _run(row, [], hold, work)
+        if res.verdict == "holds":
+            out += [
+                PropertyResult(
+                    row,
+                    p,
+                    "holds",
+                    "holds",
+                    res.distinct_states,
+                    res.seconds,
+                    log_path=str(res.log_path),
+                )
+                for p in hold
+            ]
+            hold = []
+        elif res.verdict != "violated":
+            out += _failed(row, hold, res)
+            hold = []
+    for prop in props:
+        if prop in hold or row.expect[prop] == "violated":
+            out.append(_temporal_one(row, prop, work))
+    return out
+
+
+def check_row(row: ModelRow, out_dir: Path) -> list[PropertyResult]:
+    work = out_dir / row.name
+    results = check_safety(row, work) + check_liveness(row, work)
+    order = {p: i for i, p in enumerate(INVARIANTS + TEMPORAL + REACHABILITY)}
+    return sorted(results, key=lambda r: order[r.property])
+
+
+def save_counterexamples(results: list[PropertyResult], out_dir: Path) -> None:
+    for res in results:
+        if res.counterexample is not None:
+            path = out_dir / res.model.name / f"{res.property}.itf.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(itf.dumps(res.counterexample))
+
+
+def render_counterexample(doc: dict[str, Any]) -> list[str]:
+    """One line per step; the diagram module renders richer views of the same trace."""
+    try:
+        from kvspec.diagram import render_steps
+    except ImportError:
+        return [f"{i:3d}  {s['#meta']['action']}" for i, s in enumerate(doc["states"])]
+    return render_steps(doc)
+
+
+def run_check(
+    rows: list[ModelRow],
+    *,
+    json_out: Path | None = None,
+    out_dir: Path = DEFAULT_OUT,
+    progress: bool = True,
+    jobs: int = 2,
+    on_row: Callable[[ModelRow, list[PropertyResult]], None] | None = None,
+) -> dict[str, Any]:
+    """Check every row; returns the results JSON (also written to json_out)."""
+    from rich.progress import Progress
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    all_results: dict[str, list[PropertyResult]] = {}
+    with Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task("model checking", total=len(rows))
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            futures = {pool.submit(check_row, row, out_dir): row for row in rows}
+            for fut in futures:
+                row = futures[fut]
+                res = fut.result()
+                all_results[row.name] = res
+                save_counterexamples(res, out_dir)
+                if on_row is not None:
+                    on_row(row, res)
+                bar.advance(task)
+    ordered = [r for row in rows for r in all_results[row.name]]
+    doc = {"tlc": _tlc_version(ordered), "results": [r.to_json() for r in ordered]}
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    return doc
+
+
+def _tlc_version(results: list[PropertyResult]) -> str:
+    for res in results:
+        if res.log_path:
+            try:
+                text = Path(res.log_path).read_text(errors="replace")
+            except OSError:
+                continue
+            for line in text.splitlines():
+                if line.startswith("TLC2 Version"):
+                    return line.strip()
+    return "unknown"
+
+
+def print_table(doc: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"kvspec check ({doc['tlc']})")
+    for col in ("model", "property", "expected", "verdict", "distinct states", "seconds"):
+        table.add_column(col, justify="right" if col in ("distinct states", "seconds") else "left")
+    for r in doc["results"]:
+        mark = "" if r["verdict"] == r["expected"] else " [bold red]MISMATCH[/]"
+        style = "green" if r["verdict"] == "holds" else "yellow"
+        if r["verdict"] in ("error", "timeout"):
+            style = "red"
+        table.add_row(
+            r["model"],
+            r["property"],
+            r["expected"],
+            f"[{style}]{r['verdict']}[/]{mark}",
+            str(r["distinct_states"] if r["distinct_states"] is not None else "-"),
+            f"{r['seconds']:.1f}",
+        )
+    Console(width=140).print(table)
+
+
+def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("check", help="model-check the matrix against expected verdicts")
+    p.add_argument("--matrix", type=Path, default=DEFAULT_MATRIX, help="matrix TOML file")
+    p.add_argument("--only", action="append", default=[], help="run only this model (repeat)")
+    p.add_argument("--tier", default=None, help="run only rows of this tier (default: all)")
+    p.add_argument("--json", type=Path, default=None, help="write results JSON here")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="counterexamples go here")
+    p.add_argument("--jobs", type=int, default=2, help="TLC runs at once")
+    p.add_argument("--quiet", action="store_true", help="no counterexample renderings")
+    p.set_defaults(handler=_check_cmd)
+
+
+def _check_cmd(args: argparse.Namespace) -> int:
+    try:
+        rows = load_matrix(args.matrix)
+        if args.only:
+            known = {r.name for r in rows}
+            missing = [n for n in args.only if n not in known]
+            if missing:
+                raise MatrixError(f"{args.matrix}: no model named {missing[0]!r}; see --matrix")
+            rows = [r for r in rows if r.name in args.only]
+        if args.tier:
+            rows = [r for r in rows if r.tier == args.tier]
+    except MatrixError as exc:
+        print(f"kvspec check: {exc}", file=sys.stderr)
+        return 2
+    start = time.monotonic()
+    doc = run_check(
+        rows,
+        json_out=args.json or args.out / "results.json",
+        out_dir=args.out,
+        jobs=args.jobs,
+        progress=sys.stderr.isatty(),
+    )
+    print_table(doc)
+    if not args.quiet:
+        for r in doc["results"]:
+            if r["counterexample"] is not None:
+                print(f"\n{r['model']} / {r['property']} ({r['verdict']}):")
+                for line in render_counterexample(r["counterexample"]):
+                    print("  " + line)
+    bad = [r for r in doc["results"] if r["verdict"] != r["expected"]]
+    errors = [r for r in doc["results"] if r["verdict"] in ("error", "timeout")]
+    for r in errors:
+        print(f"kvspec check: {r['model']}/{r['property']}: {r['error']}", file=sys.stderr)
+    print(
+        f"\n{len(doc['results'])} verdicts, {len(bad)} unexpected, "
+        f"{time.monotonic() - start:.1f} s wall"
+    )
+    if errors:
+        return 2
+    return 1 if bad else 0
