@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import itertools
 import os
 import socket
@@ -50,6 +51,7 @@ class ClusterError(RuntimeError):
 
 
 _API: SimpleNamespace | None = None
+_KV = "vllm.distributed.kv_transfer.kv_connector"
 
 
 def vllm_api() -> SimpleNamespace:
@@ -57,37 +59,72 @@ def vllm_api() -> SimpleNamespace:
     global _API
     if _API is not None:
         return _API
+    names = {
+        "torch": ("torch", None),
+        "SamplingParams": ("vllm", "SamplingParams"),
+        "CacheConfig": ("vllm.config", "CacheConfig"),
+        "DeviceConfig": ("vllm.config", "DeviceConfig"),
+        "KVTransferConfig": ("vllm.config", "KVTransferConfig"),
+        "ModelConfig": ("vllm.config", "ModelConfig"),
+        "SchedulerConfig": ("vllm.config", "SchedulerConfig"),
+        "VllmConfig": ("vllm.config", "VllmConfig"),
+        "set_current_vllm_config": ("vllm.config", "set_current_vllm_config"),
+        "KVConnectorFactory": (_KV + ".factory", "KVConnectorFactory"),
+        "KVOutputAggregator": (_KV + ".utils", "KVOutputAggregator"),
+        "KVConnectorRole": (_KV + ".v1.base", "KVConnectorRole"),
+        "NixlBaseConnector": (_KV + ".v1.nixl.connector", "NixlBaseConnector"),
+        "HeartbeatInfo": (_KV + ".v1.nixl.metadata", "HeartbeatInfo"),
+        "NixlConnectorMetadata": (_KV + ".v1.nixl.metadata", "NixlConnectorMetadata"),
+        "init_distributed_environment": (
+            "vllm.distributed.parallel_state",
+            "init_distributed_environment",
+        ),
+        "ensure_model_parallel_initialized": (
+            "vllm.distributed.parallel_state",
+            "ensure_model_parallel_initialized",
+        ),
+        "get_kv_cache_config_from_groups": (
+            "vllm.v1.core.kv_cache_utils",
+            "get_kv_cache_config_from_groups",
+        ),
+        "AsyncScheduler": ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
+        "Scheduler": ("vllm.v1.core.sched.scheduler", "Scheduler"),
+        "FullAttentionSpec": ("vllm.v1.kv_cache_interface", "FullAttentionSpec"),
+        "KVCacheGroupSpec": ("vllm.v1.kv_cache_interface", "KVCacheGroupSpec"),
+        "KVConnectorOutput": ("vllm.v1.outputs", "KVConnectorOutput"),
+        "ModelRunnerOutput": ("vllm.v1.outputs", "ModelRunnerOutput"),
+        "Request": ("vllm.v1.request", "Request"),
+        "RequestStatus": ("vllm.v1.request", "RequestStatus"),
+        "StructuredOutputManager": ("vllm.v1.structured_output", "StructuredOutputManager"),
+        "allocate_kv_cache": ("vllm.v1.worker.utils", "allocate_kv_cache"),
+    }
+    found: dict[str, Any] = {}
     try:
-        from vllm.config import (
-            set_current_vllm_config,
-        )
-        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-        from vllm.distributed.parallel_state import (
-            ensure_model_parallel_initialized,
-            init_distributed_environment,
-        )
+        for key, (mod, attr) in names.items():
+            m = importlib.import_module(mod)
+            found[key] = m if attr is None else getattr(m, attr)
     except Exception as exc:  # ImportError, or a broken CUDA-only dependency
         raise DriverUnavailable(f"vLLM/NIXL cannot be imported here: {exc}") from exc
 
     from kvspec.drivers import offload_delaying
 
     with contextlib.suppress(ValueError):  # already registered in this process
-        KVConnectorFactory.register_connector(
+        found["KVConnectorFactory"].register_connector(
             offload_delaying.CONNECTOR_NAME,
             offload_delaying.MODULE_PATH,
             offload_delaying.CLASS_NAME,
         )
-    api = SimpleNamespace(**{k: v for k, v in locals().items() if k not in ("exc",)})
+    api = SimpleNamespace(**found)
     cfg = _vllm_config(api, "kv_producer", "kvspec-boot", "nixl", 1, 1, 1, 1, False, "cpu")
-    with set_current_vllm_config(cfg):
-        init_distributed_environment(
+    with api.set_current_vllm_config(cfg):
+        api.init_distributed_environment(
             world_size=1,
             rank=0,
             distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
             local_rank=0,
             backend="gloo",
         )
-        ensure_model_parallel_initialized(1, 1)
+        api.ensure_model_parallel_initialized(1, 1)
     _API = api
     return api
 

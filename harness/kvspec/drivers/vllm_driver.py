@@ -144,6 +144,8 @@ class VllmDriver(Driver):
         self.hb: set[int] = set()
         self.params: dict[int, dict[str, Any]] = {}  # kv_transfer_params from request_finished
         self.reads: dict[tuple[int, int], _Read] = {}
+        self.recv_done: set[str] = set()  # consumer finished_recving not yet acted on
+        self.recv_failed: set[str] = set()
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -202,6 +204,12 @@ class VllmDriver(Driver):
                     out.add(w)
         return out
 
+    def _has_requests(self) -> bool:
+        # Scheduler.has_requests() is also true for one more step after the last request
+        # left (finished_req_ids still to be flushed to the workers): an empty step the
+        # spec does not model. The engine keeps stepping for held requests either way.
+        return len(self.sched.requests) > 0
+
     def _published(self, w: int) -> bool:
         return self.c.workers[w].get_handshake_metadata() is not None
 
@@ -222,7 +230,7 @@ class VllmDriver(Driver):
     # ------------------------------------------------------------------ actions
     def schedule(self) -> None:
         self._guard_engine("schedule")
-        if len(self.steps) >= self.max_steps or not self.sched.has_requests():
+        if len(self.steps) >= self.max_steps or not self._has_requests():
             raise MissingAction("schedule: no step slot or no requests")
         so = self.sched.schedule()
         meta = self._nixl_meta(so.kv_connector_metadata, self.row.composition)
@@ -334,14 +342,19 @@ class VllmDriver(Driver):
         if rd is None or rd.state != "inflight":
             raise MissingAction(f"consumer_get_finished({r}, {w}): no READ in flight")
         deadline = time.monotonic() + WAIT_TIMEOUT_S
-        while True:
+        while req_id(r) not in self.recv_done:
+            # D's model runner polls get_transfer_results each step; one poll may report
+            # several requests' READs, so completions are kept until their action fires.
             res = self.c.consumer_poll()
-            if req_id(r) in res.finished_recving:
+            self.recv_done |= set(res.finished_recving)
+            self.recv_failed |= set(res.failed_recving)
+            if req_id(r) in self.recv_done:
                 break
             if time.monotonic() > deadline:
                 raise MissingAction(f"consumer_get_finished({r}, {w}): READ not done in time")
             time.sleep(0.0002)
-        if req_id(r) in res.failed_recving:
+        self.recv_done.discard(req_id(r))
+        if req_id(r) in self.recv_failed:
             raise MissingAction(f"consumer_get_finished({r}, {w}): the READ failed")
         torch = self.c.api.torch
         for name, t in self.c.consumer_caches.items():
@@ -402,7 +415,7 @@ class VllmDriver(Driver):
     def enabled(self) -> list[Action]:
         acts: list[Action] = []
         if not self.late_finish:
-            if len(self.steps) < self.max_steps and self.sched.has_requests():
+            if len(self.steps) < self.max_steps and self._has_requests():
                 acts.append(Action("schedule"))
             if any(not s.ran for s in self.steps):
                 acts.append(Action("execute_model"))
