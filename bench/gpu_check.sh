@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# GPU conformance check, run end to end on a GPU runner (cannot run on the CPU-only CI).
+#   bash bench/gpu_check.sh WHEEL_DIR [OUT_DIR]
+# WHEEL_DIR holds the wheels to install offline (vllm, nixl, their deps, and this project's
+# dependencies); OUT_DIR (default $OUT, else ./out) receives conform-cuda.json, doctor.json
+# and gpu_check.log. Exit status: that of `kvspec conform`.
+set -euo pipefail
+WHEELS=${1:?usage: gpu_check.sh WHEEL_DIR [OUT_DIR]}
+OUT_DIR=${2:-${OUT:-$PWD/out}}
+mkdir -p "$OUT_DIR"
+LOG="$OUT_DIR/gpu_check.log"
+exec > >(tee -a "$LOG") 2>&1
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-python3}
+VENV="$OUT_DIR/.venv-gpu"
+echo "== $(date -u +%FT%TZ) gpu_check: wheels=$WHEELS out=$OUT_DIR"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+"$PY" -m venv --system-site-packages "$VENV"
+# shellcheck disable=SC1091
+source "$VENV/bin/activate"
+pip install --no-index --find-links "$WHEELS" vllm nixl 2>&1 | tail -5 || \
+  pip install --no-index --find-links "$WHEELS" "$WHEELS"/*.whl 2>&1 | tail -5
+pip install --no-index --find-links "$WHEELS" --no-build-isolation -e "$ROOT" 2>&1 | tail -2 || \
+  pip install --no-deps --no-build-isolation -e "$ROOT"
+python - <<'PY' | tee "$OUT_DIR/doctor.json"
+import json
+from kvspec.doctor import doctor_report
+print(json.dumps(doctor_report(), indent=2))
+PY
+set +e
+kvspec conform --driver vllm --device cuda --json "$OUT_DIR/conform-cuda.json"
+rc=$?
+set -e
+echo "== kvspec conform exit $rc"
+if [ ! -s "$OUT_DIR/conform-cuda.json" ]; then
+  printf '{"driver": "vllm", "device": "cuda", "exit": %d, "error": "no report written"}\n' \
+    "$rc" > "$OUT_DIR/conform-cuda.json"
+fi
+exit "$rc"
