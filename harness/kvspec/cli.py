@@ -181,10 +181,40 @@ def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     add(sub)
 
 
+def add_traces_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("traces", help="generate conformance traces covering every spec edge")
+
+    def handler(args: argparse.Namespace) -> int:
+        from kvspec.traces import run
+
+        return run(args)
+
+    from kvspec.traces import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(handler=handler)
+
+
+def add_conform_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("conform", help="replay the traces on a driver; which variants conform")
+
+    def handler(args: argparse.Namespace) -> int:
+        from kvspec.conform import run
+
+        return run(args)
+
+    from kvspec.conform import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(handler=handler)
+
+
 PARSERS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     add_tlc_parser,
     add_doctor_parser,
     add_check_parser,
+    add_traces_parser,
+    add_conform_parser,
     add_review_parser,
 ]
 

