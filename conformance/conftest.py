@@ -1,0 +1,54 @@
+"""Options and the driver factory shared by the conformance suite.
+
+--driver reference|vllm   which implementation replays the traces (default reference)
+--device cpu|cuda         the vllm driver's device
+--impl-patch NAME         a patch the vllm driver applies to vLLM (see its registry)
+--variant NAME            only traces of models of this design variant
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from kvspec.drivers.base import Driver
+from kvspec.matrix import VARIANTS, ModelRow
+
+DriverFactory = Callable[[ModelRow], Driver]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("kvspec conformance")
+    g.addoption("--driver", choices=("reference", "vllm"), default="reference")
+    g.addoption("--device", choices=("cpu", "cuda"), default="cpu")
+    g.addoption("--impl-patch", default=None, metavar="NAME")
+    g.addoption("--variant", choices=VARIANTS, default=None)
+
+
+@pytest.fixture(scope="session")
+def driver_name(pytestconfig: pytest.Config) -> str:
+    return str(pytestconfig.getoption("--driver"))
+
+
+@pytest.fixture(scope="session")
+def make_driver(pytestconfig: pytest.Config) -> DriverFactory:
+    """A factory building one fresh driver per trace; vLLM is imported once per session."""
+    from kvspec.conform import driver_factory
+
+    name = str(pytestconfig.getoption("--driver"))
+    device = str(pytestconfig.getoption("--device"))
+    patch = pytestconfig.getoption("--impl-patch")
+    try:
+        return driver_factory(name, device, str(patch) if patch else None)
+    except ImportError as exc:  # vllm/nixl not installed, or the driver not written yet
+        pytest.skip(f"{name} driver unavailable: {exc}")
+
+
+def replay_extra(config: pytest.Config) -> str:
+    """The non-default options, for the one-line replay command of a failure."""
+    parts = []
+    for opt in ("--device", "--impl-patch"):
+        v = config.getoption(opt)
+        if v and not (opt == "--device" and v == "cpu"):
+            parts.append(f"{opt} {v}")
+    return " ".join(parts)

@@ -1,0 +1,41 @@
+"""One test per committed trace (conformance/traces/<model>/<stem>.itf.json): replay it on
+the selected driver and compare every observed state with the trace's.
+
+A failure names its class (missing action / unexpected action / incorrect state), the
+step, the action, the differing variables and a one-line replay command.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import DriverFactory, replay_extra
+from kvspec.conformance import load_trace, replay, replay_command, trace_files
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "trace_path" not in metafunc.fixturenames:
+        return
+    variant = metafunc.config.getoption("--variant")
+    paths = []
+    for p in trace_files():
+        if variant is not None and load_trace(p).row.variant != variant:
+            continue
+        paths.append(p)
+    ids = [f"{p.parent.name}/{p.name.removesuffix('.itf.json')}" for p in paths]
+    metafunc.parametrize("trace_path", paths, ids=ids)
+
+
+def test_trace(
+    trace_path: Path, make_driver: DriverFactory, driver_name: str, request: pytest.FixtureRequest
+) -> None:
+    trace = load_trace(trace_path)
+    driver = make_driver(trace.row)
+    try:
+        result = replay(driver, trace)
+    finally:
+        driver.close()
+    if result.failure is not None:
+        cmd = replay_command(trace.name, driver_name, replay_extra(request.config))
+        pytest.fail(result.failure.format(trace.name, cmd), pytrace=False)
