@@ -1,0 +1,57 @@
+"""Conformance replay throughput: traces/s and steps/s per driver, over the committed traces.
+
+Usage: .venv/bin/python bench/bench_conformance.py [--driver reference|vllm|all] [--limit N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from kvspec.conform import driver_factory
+from kvspec.conformance import load_trace, replay, trace_files
+
+
+def bench(name: str, limit: int | None) -> tuple[int, int, float, int] | str:
+    try:
+        factory = driver_factory(name)
+    except ImportError as exc:
+        return f"unavailable: {exc}"
+    traces = [load_trace(p) for p in trace_files()][:limit]
+    steps = failures = 0
+    t0 = time.perf_counter()
+    for t in traces:
+        d = factory(t.row)
+        try:
+            r = replay(d, t)
+        finally:
+            d.close()
+        steps += r.steps
+        failures += r.failure is not None
+    return len(traces), steps, time.perf_counter() - t0, failures
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--driver", choices=("reference", "vllm", "all"), default="all")
+    ap.add_argument("--limit", type=int, default=None, help="first N traces only")
+    args = ap.parse_args()
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="conformance replay")
+    for col in ("driver", "traces", "steps", "seconds", "traces/s", "steps/s", "failures"):
+        table.add_column(col, justify="left" if col == "driver" else "right")
+    for name in ("reference", "vllm") if args.driver == "all" else (args.driver,):
+        res = bench(name, args.limit)
+        if isinstance(res, str):
+            table.add_row(name, "-", "-", "-", "-", "-", res)
+            continue
+        n, steps, secs, fails = res
+        table.add_row(name, str(n), str(steps), f"{secs:.2f}", f"{n / secs:.1f}",
+                      f"{steps / secs:.0f}", str(fails))  # fmt: skip
+    Console(width=120).print(table)
+
+
+if __name__ == "__main__":
+    main()
