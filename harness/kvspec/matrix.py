@@ -154,7 +154,9 @@ def load_matrix(path: Path = DEFAULT_MATRIX) -> list[ModelRow]:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise MatrixError(f"{path}: cannot read matrix ({exc.strerror}); pass --matrix FILE") from exc
+        raise MatrixError(
+            f"{path}: cannot read matrix ({exc.strerror}); pass --matrix FILE"
+        ) from exc
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -110,7 +110,7 @@ class Driver(ABC):
         method = getattr(self, action.name)
         method(**action.params())
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook; pure models hold no resources
         """Release every resource (agents, sockets, threads). Idempotent."""
 
     # One method per spec action; drivers override all of them.
