@@ -172,7 +172,20 @@ def _review_cmd(args: argparse.Namespace) -> int:
 # handler) and append it to PARSERS.
 #   TODO(traces):   add_traces_parser   -> kvspec.traces
 #   TODO(conform):  add_conform_parser  -> kvspec.conform
-#   TODO(mutants):  add_mutants_parser  -> kvspec.mutants
+
+
+def add_mutants_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("mutants", help="mutation campaign: do the traces kill mutants of vLLM?")
+
+    def handler(args: argparse.Namespace) -> int:
+        from kvspec.mutants import run
+
+        return run(args)
+
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.add_argument("--only", action="append", default=[], metavar="NAME", help="mutant(s)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.set_defaults(handler=handler)
 
 
 def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -216,6 +229,7 @@ PARSERS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], No
     add_traces_parser,
     add_conform_parser,
     add_review_parser,
+    add_mutants_parser,
 ]
 
 
