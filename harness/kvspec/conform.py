@@ -147,32 +147,75 @@ def report(
     return lines
 
 
+def run_conform(
+    *,
+    driver: str = "vllm",
+    device: str = "cpu",
+    impl_patch: str | None = None,
+    traces_dir: Path = TRACES_DIR,
+    results_path: Path = RESULTS,
+    json_out: Path | None = None,
+    progress: bool = False,
+) -> dict[str, JSON]:
+    """Replay every committed trace on `driver`; returns (and writes) the summary JSON.
+
+    Raises ImportError when the driver cannot be loaded and FileNotFoundError when there
+    are no traces; `kvspec review` turns either into a "not run" section.
+    """
+    factory = driver_factory(driver, device, impl_patch)
+    traces = [load_trace(p) for p in trace_files(traces_dir)]
+    if not traces:
+        raise FileNotFoundError(f"no traces in {traces_dir}; run `kvspec traces`")
+    from rich.progress import Progress
+
+    with Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task(f"conformance ({driver})", total=len(traces))
+        results: dict[str, VariantResult] = {}
+        for trace in traces:
+            for name, res in conform(factory, [trace]).items():
+                acc = results.setdefault(name, VariantResult())
+                if acc.first_divergence is not None:
+                    continue
+                acc.traces += res.traces
+                acc.conforming += res.conforming
+                acc.first_divergence = res.first_divergence
+            bar.advance(task)
+    impl = "reference model" if driver == "reference" else f"installed vLLM {installed_vllm()}"
+    if impl_patch:
+        impl += f" + patch {impl_patch}"
+    doc: dict[str, JSON] = {
+        "vllm": installed_vllm(),
+        "device": device,
+        "impl_patch": impl_patch,
+        "driver": driver,
+        "summary": report(results, impl, check_violations(results_path)),
+        "variants": {v: r.to_json() for v, r in sorted(results.items())},
+    }
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(doc, sort_keys=True, indent=2) + "\n")
+    return doc
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        factory = driver_factory(args.driver, args.device, args.impl_patch)
+        doc = run_conform(
+            driver=args.driver,
+            device=args.device,
+            impl_patch=args.impl_patch,
+            traces_dir=args.traces,
+            results_path=args.results,
+            json_out=args.json,
+            progress=sys.stderr.isatty(),
+        )
     except ImportError as exc:
         print(f"kvspec conform: the {args.driver} driver is unavailable: {exc}", file=sys.stderr)
         return 2
-    traces = [load_trace(p) for p in trace_files(args.traces)]
-    if not traces:
-        print(f"kvspec conform: no traces in {args.traces}; run `kvspec traces`", file=sys.stderr)
+    except FileNotFoundError as exc:
+        print(f"kvspec conform: {exc}", file=sys.stderr)
         return 2
-    results = conform(factory, traces)
-    impl = "reference model" if args.driver == "reference" else f"installed vLLM {installed_vllm()}"
-    if args.impl_patch:
-        impl += f" + patch {args.impl_patch}"
-    for line in report(results, impl, check_violations(args.results)):
+    for line in doc["summary"]:
         print(line)
-    if args.json:
-        doc = {
-            "vllm": installed_vllm(),
-            "device": args.device,
-            "impl_patch": args.impl_patch,
-            "driver": args.driver,
-            "variants": {v: r.to_json() for v, r in sorted(results.items())},
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, sort_keys=True, indent=2) + "\n")
     return 0
 
 

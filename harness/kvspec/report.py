@@ -362,11 +362,12 @@ def _stage_conform(args: argparse.Namespace) -> dict[str, Any] | None:
         run_conform = conform_mod.run_conform
     except (ImportError, AttributeError) as exc:
         return {"not_run": f"vllm driver unavailable ({exc})"}
-    from kvspec.matrix import DEFAULT_MATRIX, load_matrix
-
-    rows = load_matrix(args.matrix or DEFAULT_MATRIX)
     result: dict[str, Any] = run_conform(
-        rows, driver="vllm", device=args.device, json_out=args.conform_json, progress=True
+        driver="vllm",
+        device=args.device,
+        results_path=args.check_json,
+        json_out=args.conform_json,
+        progress=True,
     )
     return result
 
