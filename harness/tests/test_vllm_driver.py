@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 from kvspec.drivers.base import Action, Driver, MissingAction
 from kvspec.matrix import ModelRow, Topology
+from kvspec.tlcvalue import Fn, Record, Value
 
 pytestmark = pytest.mark.vllm
 
@@ -37,16 +38,29 @@ def row(
     cap: int = 2,
     variant: str = "v0.30-shipped",
     async_scheduling: bool = False,
+    tp: int = 1,
 ) -> ModelRow:
     return ModelRow(
         name="t",
         variant=variant,
         composition=comp,
-        topology=Topology(1, 1, pcp),
+        topology=Topology(tp, 1, pcp),
         requests=n,
         capacity=cap,
         async_scheduling=async_scheduling,
     )
+
+
+def fn(v: Value) -> dict[Value, Value]:
+    """An observed function over ranks as a dict."""
+    assert isinstance(v, Fn), v
+    return v.as_dict()
+
+
+def at(v: Value, i: int) -> Value:
+    """Element i (0-based) of an observed sequence."""
+    assert isinstance(v, tuple), v
+    return v[i]
 
 
 def run(d: Driver, *actions: str) -> None:
@@ -69,7 +83,7 @@ def test_p_to_d_transfer_bytes_and_free(nixl1: VllmDriver) -> None:
     run(d, *PREFILL, *PREFILL)  # prefill, then the metadata carrying reqs_to_send
     assert d.observe()["req"] == ("sending", "sending")
     run(d, "consumer_start_load_kv(1, 0)")
-    assert d.observe()["rd"][0].as_dict()[0] == "inflight"  # type: ignore[union-attr]
+    assert fn(at(d.observe()["rd"], 0))[0] == "inflight"
     run(d, "consumer_get_finished(1, 0)")  # raises TransferCorrupted on a byte mismatch
     rd = d.reads[(1, 0)]
     torch = d.c.api.torch
@@ -131,7 +145,8 @@ def test_abort_path() -> None:
         obs = d.observe()
         assert obs["req"] == ("freed", "waiting") and obs["notProc"] == frozenset({1})
         run(d, "execute_model", "update_from_output", "schedule")
-        assert d.observe()["steps"][0]["notProc"] == frozenset({1})  # type: ignore[index]
+        step = at(d.observe()["steps"], 0)
+        assert isinstance(step, Record) and step["notProc"] == frozenset({1})
         with pytest.raises(MissingAction):
             d.step(Action("abort", 1))
     finally:
@@ -142,11 +157,11 @@ def test_lease_expiry_reaps_and_heartbeat_extends() -> None:
     d = VllmDriver(row(n=2, cap=2))
     try:
         run(d, *PREFILL, *PREFILL, "lease_expire(1, 0)")
-        assert d.observe()["expired"].as_dict()[0] == frozenset({1})  # type: ignore[union-attr]
+        assert fn(d.observe()["expired"])[0] == frozenset({1})
         assert Action("consumer_start_load_kv", 1, 0) not in d.enabled()
         run(d, "heartbeat(2)", "lease_expire(2, 0)", "heartbeat(1)")
         # The heartbeat extended request 1's lease again (deadline back in the future).
-        assert d.observe()["expired"].as_dict()[0] == frozenset({2})  # type: ignore[union-attr]
+        assert fn(d.observe()["expired"])[0] == frozenset({2})
         run(d, *PREFILL)
         obs = d.observe()
         assert obs["req"] == ("sending", "freed")  # 2 reaped as expired and freed
@@ -161,7 +176,7 @@ class DropsRank1(VllmDriver):
     def _run_rank(self, w: int, so: object) -> object:
         out = super()._run_rank(w, so)
         if w == 1:
-            out.kv_connector_output.finished_sending = None  # type: ignore[attr-defined]
+            out.kv_connector_output.finished_sending = None
         return out
 
 
@@ -190,6 +205,23 @@ def _lockstep(rw: ModelRow, impl: VllmDriver, seed: int, depth: int = 30) -> str
         (row("nixl", pcp=2, n=2, cap=1), None),
         (row("multi-nixl-offload-delaying", pcp=2, n=2, cap=2, variant="fixed"), "fix-53903"),
         (row("nixl", pcp=2, n=2, cap=2, variant="fixed", async_scheduling=True), "fix-53903"),
+        (row("nixl", tp=2, n=2, cap=1), None),
+        (row("nixl", tp=2, pcp=2, n=1, cap=1), None),
+        (row("multi-nixl-offload-delaying", tp=2, pcp=2, n=1, cap=1, variant="fixed"), "fix-53903"),
+        (row("multi-nixl-offload-upstream", n=2, cap=1), None),
+        (row("multi-nixl-offload-upstream", pcp=2, n=2, cap=1), None),
+        (row("multi-nixl-offload-upstream", pcp=2, n=2, cap=1, variant="fixed"), "fix-53903"),
+    ],
+    ids=[
+        "nixl-pcp2",
+        "delaying-pcp2-fixed",
+        "nixl-pcp2-async-fixed",
+        "nixl-tp2",
+        "nixl-tp2-pcp2",
+        "delaying-tp2-pcp2-fixed",
+        "upstream-pcp1",
+        "upstream-pcp2",
+        "upstream-pcp2-fixed",
     ],
 )
 def test_conforms_to_reference_on_random_walks(rw: ModelRow, patch: str | None) -> None:
@@ -199,6 +231,53 @@ def test_conforms_to_reference_on_random_walks(rw: ModelRow, patch: str | None) 
             assert _lockstep(rw, d, seed) is None, f"seed {seed}"
         finally:
             d.close()
+
+
+def test_tp2_each_consumer_reads_its_tp_rank() -> None:
+    d = VllmDriver(row("nixl", tp=2, n=1, cap=1))
+    try:
+        assert [c.connector_worker.tp_rank for c in d.c.consumers] == [0, 1]
+        assert [d.c.nixl_worker(w).tp_rank for w in range(2)] == [0, 1]
+        agents = [set(c.connector_worker._remote_agents[d.c.engine_id]) for c in d.c.consumers]
+        assert agents == [{(0, 0)}, {(0, 1)}]  # (pp, tp) of the producer each one reads
+        run(d, *PREFILL, *PREFILL, "consumer_start_load_kv(1, 1)", "consumer_get_finished(1, 1)")
+        rd = d.reads[(1, 1)]
+        torch = d.c.api.torch
+        for name, t in d.c.consumers_caches[1].items():
+            assert torch.equal(t[rd.local_block], d.c.caches[1][name][rd.remote_block])
+            assert not torch.equal(t[rd.local_block], d.c.caches[0][name][rd.remote_block])
+        run(d, *PREFILL)
+        assert d.observe()["agg"] == (1,)  # rank 1 reported; rank 0 (not read yet) has not
+        run(d, "consumer_start_load_kv(1, 0)", "consumer_get_finished(1, 0)", *PREFILL)
+        assert d.observe()["req"] == ("freed",)
+    finally:
+        d.close()
+
+
+def test_upstream_offload_never_delays_and_aggregator_expects_world_size() -> None:
+    rw = row("multi-nixl-offload-upstream", pcp=2, n=2, cap=1, variant="fixed")
+    d = VllmDriver(rw, impl_patch="fix-53903")
+    try:
+        off = d.sched.connector._connectors[1]
+        assert type(off).__name__ == "OffloadingConnector"  # vLLM's own, unpatched
+        assert off.get_finished_count() is None
+        assert d.sched.connector.get_finished_count() is None
+        assert d.agg._expected_finished_count == 2  # world_size
+        run(d, *PREFILL, *PREFILL)
+        from kvspec.drivers.offload_upstream import held_worker
+
+        # Real store jobs reached every rank's offloading worker and are held there.
+        for w in range(2):
+            assert held_worker(d.c.workers[w]._connectors[1]).pending
+        run(d, "consumer_start_load_kv(1, 0)", "consumer_get_finished(1, 0)", *PREFILL)
+        run(d, *PREFILL, *PREFILL)
+        obs = d.observe()
+        assert obs["req"] == ("freed", "sending")
+        assert d.offload_delays == {1: False, 2: False}  # request_finished never delays
+        assert fn(obs["extra"]) == {0: frozenset(), 1: frozenset()}  # no extra_async_saves
+        assert fn(obs["store"]) == {0: frozenset(), 1: frozenset()}
+    finally:
+        d.close()
 
 
 def test_negative_control_broken_driver_is_caught() -> None:

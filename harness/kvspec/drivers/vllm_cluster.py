@@ -1,13 +1,19 @@
 """An in-process mini-cluster built from the real vLLM classes (the vLLM driver's engine room).
 
 What is real: vLLM's v1 `Scheduler` (producer), W worker-side connector instances (NIXL pull
-producers, optionally inside vLLM's `MultiConnector`) over KV cache tensors allocated by
-`vllm.v1.worker.utils.allocate_kv_cache` and registered with their own NIXL agents, the
-`KVOutputAggregator`, a decode-side worker `NixlConnector` (kv_consumer) that handshakes over
-the real ZMQ side channel and issues real NIXL READs (UCX), and NIXL's notifications.
+producers, optionally inside vLLM's `MultiConnector` next to the project's delaying offload
+child or vLLM's own `OffloadingConnector`) over KV cache tensors allocated by
+`vllm.v1.worker.utils.allocate_kv_cache` (each TP rank holds its share of the KV heads) and
+registered with their own NIXL agents, the `KVOutputAggregator`, one decode-side worker
+`NixlConnector` (kv_consumer) per TP rank that handshakes over the real ZMQ side channel with
+the producer rank its transfer topology maps it to and issues real NIXL READs (UCX), and
+NIXL's notifications.
 What is replaced: the model forward (the driver builds a synthetic `ModelRunnerOutput`),
-and the process group: all workers live in one process, so each worker's rank identity
-(`pcp_rank`) is set by hand after construction, as vLLM would derive it from its group.
+the process group (all workers live in one process: each worker is built as TP rank t of
+T by `tp_identity`, and its `pcp_rank` is set by hand after construction, as vLLM would
+derive both from its groups), and the upstream offloading spec's transfer engine
+(offload_upstream.py: the stock CPU worker refuses CPU tensors). PP > 1 is unavailable
+(`PP_UNAVAILABLE` says why).
 
 Cost: vLLM is imported once per process (`vllm_api()`), and clusters are pooled by shape
 (`acquire` / `release`): a released cluster keeps its NIXL agents, registered KV caches and
@@ -40,6 +46,17 @@ MAX_MODEL_LEN = 256
 # Leases never run out by wall-clock during a trace: time is the lease_expire action's.
 LEASE_SECONDS = 3600
 WAIT_TIMEOUT_S = 10.0
+
+
+PP_UNAVAILABLE = (
+    "pp > 1 is not wired in the vLLM driver: in vLLM 0.32 a PP producer is served by "
+    "NixlPushConnector (the producer WRITEs into the decode engine: base_worker.py 'PP>1 "
+    "(push mode)'), not by the pull protocol the spec's consumer_start_load_kv / "
+    "consumer_get_finished model; the pull-mode decode worker reads and notifies only the "
+    "remote's pp rank 0 (pull_worker.py: _remote_agents[engine][(0, remote_rank)]), so no "
+    "real consumer READs from a stage > 0 and the spec's one-consumer-per-(tp, pp) reads "
+    "cannot be driven with the shipped classes"
+)
 
 
 class DriverUnavailable(RuntimeError):
@@ -97,6 +114,9 @@ def vllm_api() -> SimpleNamespace:
         "RequestStatus": ("vllm.v1.request", "RequestStatus"),
         "StructuredOutputManager": ("vllm.v1.structured_output", "StructuredOutputManager"),
         "allocate_kv_cache": ("vllm.v1.worker.utils", "allocate_kv_cache"),
+        "get_request_block_hasher": ("vllm.v1.core.kv_cache_utils", "get_request_block_hasher"),
+        "init_none_hash": ("vllm.v1.core.kv_cache_utils", "init_none_hash"),
+        "get_hash_fn_by_name": ("vllm.utils.hashing", "get_hash_fn_by_name"),
     }
     found: dict[str, Any] = {}
     try:
@@ -114,7 +134,12 @@ def vllm_api() -> SimpleNamespace:
             offload_delaying.MODULE_PATH,
             offload_delaying.CLASS_NAME,
         )
+    from kvspec.drivers import offload_upstream
+
+    offload_upstream.register()
     api = SimpleNamespace(**found)
+    # As EngineCore does before it builds its request block hasher.
+    api.init_none_hash(api.get_hash_fn_by_name("sha256"))
     cfg = _vllm_config(api, "kv_producer", "kvspec-boot", "nixl", 1, 1, 1, 1, False, "cpu")
     with api.set_current_vllm_config(cfg):
         api.init_distributed_environment(
@@ -166,10 +191,13 @@ def _vllm_config(
 
             # Registered with KVConnectorFactory in vllm_api().
             child = {"kv_connector": offload_delaying.CONNECTOR_NAME, "kv_role": role}
-        else:  # pragma: no cover - upstream offload child
-            raise DriverUnavailable(
-                f"composition {composition!r} is not wired in the vLLM driver yet"
-            )
+        elif composition == "multi-nixl-offload-upstream":
+            from kvspec.drivers import offload_upstream
+
+            # vLLM's OffloadingConnector; its spec is registered in vllm_api().
+            child = offload_upstream.child_config(role)
+        else:
+            raise DriverUnavailable(f"composition {composition!r} is unknown to the vLLM driver")
         ktc = api.KVTransferConfig(
             engine_id=engine_id,
             kv_connector="MultiConnector",
@@ -202,16 +230,25 @@ def _vllm_config(
         device_config=api.DeviceConfig(device),
     )
     cfg.cache_config.kv_cache_layout = "LBHNC"
-    # Topology the connectors read from the config; ranks are set per worker by hand.
-    cfg.parallel_config.prefill_context_parallel_size = pcp
+    # Topology the connectors read from the config; ranks are set per worker (tp_identity,
+    # pcp_rank by hand), as vLLM would derive them from its process groups.
+    pc = cfg.parallel_config
+    pc.tensor_parallel_size = tp
+    pc.pipeline_parallel_size = pp
+    pc.prefill_context_parallel_size = pcp
+    pc.world_size = tp * pp * pcp
     return cfg
 
 
 def _kv_cache_config(api: SimpleNamespace, cfg: Any) -> Any:
+    """One rank's KV cache: its share of the KV heads (vLLM shards heads over TP)."""
+    tp = int(cfg.parallel_config.tensor_parallel_size)
+    if NUM_KV_HEADS % tp:
+        raise DriverUnavailable(f"tp={tp} does not divide the fixture's {NUM_KV_HEADS} KV heads")
     layers = [f"model.decoder.layers.{i}.self_attn.attn" for i in range(NUM_LAYERS)]
     spec = api.FullAttentionSpec(
         block_size=BLOCK_SIZE,
-        num_kv_heads=NUM_KV_HEADS,
+        num_kv_heads=NUM_KV_HEADS // tp,
         head_size=HEAD_SIZE,
         dtype=api.torch.float32,
     )
@@ -229,6 +266,24 @@ def _keep_affinity() -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, aff)
+
+
+@contextlib.contextmanager
+def tp_identity(tp_rank: int, tp_size: int) -> Iterator[None]:
+    """Be TP rank `tp_rank` of `tp_size` while a worker is built and registers its caches.
+
+    All workers share this process's 1-rank TP group; vLLM's NIXL worker reads its identity
+    from it once (get_tensor_model_parallel_rank / _world_size in __init__) and keeps it.
+    """
+    from vllm.distributed import parallel_state
+
+    group = parallel_state.get_tp_group()
+    saved = (group.rank_in_group, group.world_size)
+    group.rank_in_group, group.world_size = tp_rank, tp_size
+    try:
+        yield
+    finally:
+        group.rank_in_group, group.world_size = saved
 
 
 class NotifInbox:
@@ -308,8 +363,10 @@ class Cluster:
     workers: list[Any]  # worker-role connector per rank (NixlConnector or MultiConnector)
     caches: list[dict[str, Any]]
     inboxes: list[NotifInbox]
-    consumer: Any  # worker-role NixlConnector, kv_consumer
-    consumer_caches: dict[str, Any]
+    # Decode side: one worker-role NixlConnector (kv_consumer) per TP rank, each with its
+    # own agent and caches, reading from the producer rank of the same tp rank.
+    consumers: list[Any]
+    consumers_caches: list[dict[str, Any]]
     listener: Any  # scheduler-role NixlConnector that served the handshake
     store_engine: Any | None
     closed: bool = False
@@ -318,6 +375,19 @@ class Cluster:
     @property
     def world_size(self) -> int:
         return self.key.tp * self.key.pp * self.key.pcp
+
+    @property
+    def consumer(self) -> Any:
+        """The TP-rank-0 consumer worker (the only one when tp = 1)."""
+        return self.consumers[0]
+
+    @property
+    def consumer_caches(self) -> dict[str, Any]:
+        return self.consumers_caches[0]
+
+    def consumer_of(self, w: int) -> int:
+        """The consumer (its index, = its TP rank) that reads from producer rank w."""
+        return (w // self.key.pcp) % self.key.tp
 
     def nixl(self, w: int) -> Any:
         """The NIXL connector (the MultiConnector's first child) of rank w."""
@@ -338,29 +408,34 @@ class Cluster:
             self.inboxes[w].reset()
             if self.key.composition != "nixl":
                 self.workers[w]._extra_async_saves.clear()
+            if self.key.composition == "multi-nixl-offload-upstream":
+                from kvspec.drivers import offload_upstream
+
+                offload_upstream.reset_worker(self.workers[w]._connectors[1])
             self.workers[w].clear_connector_metadata()
         if self.store_engine is not None:
             self.store_engine.reset()
-        cw = self.consumer.connector_worker
-        deadline = time.monotonic() + WAIT_TIMEOUT_S
-        while cw._recving_transfers and time.monotonic() < deadline:
-            self.consumer_poll()
-            time.sleep(0.001)
-        for handles in cw._recving_transfers.values():
-            for h in handles:
-                with contextlib.suppress(Exception):
-                    cw.nixl_wrapper.release_xfer_handle(h)
-        cw._recving_transfers.clear()
-        cw._recving_metadata.clear()
-        cw._recv_failures.clear()
+        for t, cons in enumerate(self.consumers):
+            cw = cons.connector_worker
+            deadline = time.monotonic() + WAIT_TIMEOUT_S
+            while cw._recving_transfers and time.monotonic() < deadline:
+                self.consumer_poll(t)
+                time.sleep(0.001)
+            for handles in cw._recving_transfers.values():
+                for h in handles:
+                    with contextlib.suppress(Exception):
+                        cw.nixl_wrapper.release_xfer_handle(h)
+            cw._recving_transfers.clear()
+            cw._recving_metadata.clear()
+            cw._recv_failures.clear()
         # Late notifications of reads finished in the previous trace.
         time.sleep(0.002)
         for ib in self.inboxes:
             ib.reset()
 
-    def consumer_poll(self) -> Any:
-        """One get_transfer_results of the consumer worker (as its model runner calls it)."""
-        c = self.consumer
+    def consumer_poll(self, t: int = 0) -> Any:
+        """One get_transfer_results of consumer t (as its model runner calls it)."""
+        c = self.consumers[t]
         c.bind_connector_metadata(self.api.NixlConnectorMetadata())
         try:
             return c.get_transfer_results(set())
@@ -373,7 +448,7 @@ class Cluster:
         self.closed = True
         for ib in self.inboxes:
             ib.restore()
-        for c in [*self.workers, self.consumer]:
+        for c in [*self.workers, *self.consumers]:
             with contextlib.suppress(Exception):
                 c.shutdown()
         self.listener.shutdown()
@@ -385,19 +460,16 @@ class Cluster:
         self.workers.clear()
         self.inboxes.clear()
         self.caches.clear()
-        self.consumer = None
-        self.consumer_caches = {}
+        self.consumers.clear()
+        self.consumers_caches.clear()
 
 
 def build_cluster(key: ClusterKey) -> Cluster:
     api = vllm_api()
     if key.device == "cuda" and not api.torch.cuda.is_available():
         raise DriverUnavailable("device cuda requested but torch sees no CUDA device")
-    if key.tp != 1 or key.pp != 1:
-        raise DriverUnavailable(
-            "the vLLM driver simulates PCP ranks only (tp = pp = 1): a TP/PP producer needs "
-            "one decode rank per (tp, pp) and a per-rank transfer topology, not wired yet"
-        )
+    if key.pp != 1:
+        raise DriverUnavailable(PP_UNAVAILABLE)
     if key.device != "cpu":
         raise DriverUnavailable("device cuda: KV caches in VRAM are not wired in this build")
     n = next(_SEQ)
@@ -426,7 +498,9 @@ def build_cluster(key: ClusterKey) -> Cluster:
     inboxes: list[NotifInbox] = []
     gen = api.torch.Generator().manual_seed(1234 + n)
     for w in range(W):
-        with api.set_current_vllm_config(cfg), _keep_affinity():
+        tp_rank = (w // key.pcp) % key.tp
+        cfg.parallel_config.rank = w  # read once, by the offloading spec's config
+        with api.set_current_vllm_config(cfg), _keep_affinity(), tp_identity(tp_rank, key.tp):
             conn = api.KVConnectorFactory.create_connector(
                 config=cfg, role=api.KVConnectorRole.WORKER, kv_cache_config=kc
             )
@@ -440,15 +514,25 @@ def build_cluster(key: ClusterKey) -> Cluster:
         kv = api.allocate_kv_cache(kc, device, layout)
         for t in kv.values():
             t.copy_(api.torch.randn(t.shape, generator=gen, dtype=t.dtype))
-        with api.set_current_vllm_config(cfg):
+        with api.set_current_vllm_config(cfg), tp_identity(tp_rank, key.tp):
             conn.register_kv_caches(kv)
         workers.append(conn)
         caches.append(kv)
         inboxes.append(NotifInbox(nw.nixl_wrapper))
+    cfg.parallel_config.rank = 0
     # The producer engine's side channel: a scheduler-role NixlConnector serving every
     # published rank's handshake metadata, keyed by (pp, tp) as the engine collects it.
     lcfg = _vllm_config(
-        api, "kv_producer", engine_id, "nixl", 1, 1, key.pcp, key.capacity + 1, False, key.device
+        api,
+        "kv_producer",
+        engine_id,
+        "nixl",
+        key.tp,
+        key.pp,
+        key.pcp,
+        key.capacity + 1,
+        False,
+        key.device,
     )
     _kv_cache_config(api, lcfg)
     with api.set_current_vllm_config(lcfg):
@@ -461,13 +545,15 @@ def build_cluster(key: ClusterKey) -> Cluster:
         if h is not None:
             md[(w // (key.pcp * key.tp), (w // key.pcp) % key.tp)] = h
     listener.set_xfer_handshake_metadata_pp_aware(md)
-    # Decode side: one consumer worker (tp = pp = 1), its own caches and agent.
+    # Decode side: one consumer worker per TP rank (D has tp = P's tp, pp = 1, pcp = 1),
+    # each its own agent and caches; each handshakes with the producer rank(s) its
+    # transfer topology maps it to (with equal TP: the producer of the same tp rank).
     dcfg = _vllm_config(
         api,
         "kv_consumer",
         f"kvspec-D-{os.getpid()}-{n}",
         "nixl",
-        1,
+        key.tp,
         1,
         1,
         key.nreq + 1,
@@ -475,22 +561,27 @@ def build_cluster(key: ClusterKey) -> Cluster:
         key.device,
     )
     dkc = _kv_cache_config(api, dcfg)
-    with api.set_current_vllm_config(dcfg), _keep_affinity():
-        consumer = api.KVConnectorFactory.create_connector(
-            config=dcfg, role=api.KVConnectorRole.WORKER, kv_cache_config=dkc
-        )
-    dkv = api.allocate_kv_cache(dkc, device, layout)
-    with api.set_current_vllm_config(dcfg):
-        consumer.register_kv_caches(dkv)
-    cw = consumer.connector_worker
-    fut = cw._ensure_handshake(engine_id, "127.0.0.1", port, key.tp)
-    deadline = time.monotonic() + WAIT_TIMEOUT_S
-    while fut is not None and engine_id not in cw._remote_agents:
-        if fut.done() and fut.exception() is not None:
-            raise ClusterError(f"NIXL handshake with the producer failed: {fut.exception()}")
-        if time.monotonic() > deadline:
-            raise ClusterError("NIXL handshake with the producer timed out")
-        time.sleep(0.001)
+    consumers: list[Any] = []
+    consumers_caches: list[dict[str, Any]] = []
+    for t in range(key.tp):
+        with api.set_current_vllm_config(dcfg), _keep_affinity(), tp_identity(t, key.tp):
+            consumer = api.KVConnectorFactory.create_connector(
+                config=dcfg, role=api.KVConnectorRole.WORKER, kv_cache_config=dkc
+            )
+        dkv = api.allocate_kv_cache(dkc, device, layout)
+        with api.set_current_vllm_config(dcfg), tp_identity(t, key.tp):
+            consumer.register_kv_caches(dkv)
+        consumers.append(consumer)
+        consumers_caches.append(dkv)
+        cw = consumer.connector_worker
+        fut = cw._ensure_handshake(engine_id, "127.0.0.1", port, key.tp)
+        deadline = time.monotonic() + WAIT_TIMEOUT_S
+        while fut is not None and engine_id not in cw._remote_agents:
+            if fut.done() and fut.exception() is not None:
+                raise ClusterError(f"NIXL handshake with the producer failed: {fut.exception()}")
+            if time.monotonic() > deadline:
+                raise ClusterError("NIXL handshake with the producer timed out")
+            time.sleep(0.001)
     # The handshake is done; the listener thread may stop (it exits within 1 s).
     listener.connector_scheduler._stop_event.set()
     store = None
@@ -505,8 +596,8 @@ def build_cluster(key: ClusterKey) -> Cluster:
         workers=workers,
         caches=caches,
         inboxes=inboxes,
-        consumer=consumer,
-        consumer_caches=dkv,
+        consumers=consumers,
+        consumers_caches=consumers_caches,
         listener=listener,
         store_engine=store,
     )

@@ -2,8 +2,11 @@
 
 `VllmDriver(row)` replays spec actions (spec/KVCompletion.tla) on an in-process mini-cluster
 (vllm_cluster.py): the real v1 Scheduler, W real worker-side connectors (NIXL, or vLLM's
-MultiConnector over NIXL + an offload child) with their own NIXL agents and CPU KV caches,
-the real KVOutputAggregator, and a real decode-side NixlConnector doing NIXL READs.
+MultiConnector over NIXL + an offload child: the delaying one of offload_delaying.py, or
+vLLM's OffloadingConnector for multi-nixl-offload-upstream) with their own NIXL agents and
+CPU KV caches, the real KVOutputAggregator, and one real decode-side NixlConnector per TP
+rank doing NIXL READs from the producer rank of its tp rank. TP > 1 and PCP > 1 are
+supported; PP > 1 raises DriverUnavailable (vllm_cluster.PP_UNAVAILABLE says why).
 Only the model forward is replaced: each rank's `ModelRunnerOutput` is synthetic (one
 sampled token per scheduled request); its `kv_connector_output` is what the real connector
 returned.
@@ -23,8 +26,14 @@ Which variables are observed in vLLM and which the driver keeps (and why):
     notProc from the real NIXL metadata) and the real per-rank finished_sending outputs.
   notif: notifications that reached a rank's NIXL agent and vLLM has not read yet (the
     driver's NotifInbox sits on the agent's get_new_notifs; it is the only place they exist).
-  store, stored: the delaying offload child's StoreEngine job tables.
-  rd: "inflight" = the consumer worker holds the READ handle (its _recving_transfers);
+  store, stored: the delaying offload child's StoreEngine job tables. For the upstream
+    OffloadingConnector they are empty, as in the spec: it never delays the free (the driver
+    records each of its request_finished answers in `offload_delays`), reports no
+    finished_sending, and its get_finished_count() is None, so the aggregator expects W.
+    Its real store jobs run on every rank and are held (offload_upstream.HeldStoreWorker)
+    until vLLM's own flush fence completes them.
+  rd: "inflight" = the consumer worker of w's tp rank holds the READ handle
+    (its _recving_transfers);
     "done" = the consumer reported it finished_recving (kept by the driver: vLLM forgets it).
   hb, emits, lateFinish: history variables of the spec; vLLM keeps no record of them, so the
     driver records what it did (heartbeats sent), what the aggregator emitted, and whether
@@ -35,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,12 +134,22 @@ class VllmDriver(Driver):
             self.agg = api.KVOutputAggregator.from_connector(
                 self.sched.connector, world_size=self.W
             )
+            # What the upstream offloading child's scheduler side answered at each
+            # request_finished (r -> delay_free); the spec says it never delays.
+            self.offload_delays: dict[int, bool] = {}
+            if row.composition == "multi-nixl-offload-upstream":
+                self._record_offload_request_finished(self.sched.connector._connectors[1])
+            # EngineCore hashes every request's blocks when a KV connector is configured.
+            hasher = api.get_request_block_hasher(
+                BLOCK_SIZE, api.get_hash_fn_by_name(c.cfg.cache_config.prefix_caching_hash_algo)
+            )
             for r in range(1, self.N + 1):
                 rq = api.Request(
                     request_id=req_id(r),
                     prompt_token_ids=[(r * 31 + i) % 500 + 3 for i in range(BLOCK_SIZE)],
                     sampling_params=api.SamplingParams(max_tokens=1),
                     pooling_params=None,
+                    block_hasher=hasher,
                 )
                 rq.kv_transfer_params = {"do_remote_decode": True}
                 self.sched.add_request(rq)
@@ -144,10 +164,24 @@ class VllmDriver(Driver):
         self.hb: set[int] = set()
         self.params: dict[int, dict[str, Any]] = {}  # kv_transfer_params from request_finished
         self.reads: dict[tuple[int, int], _Read] = {}
-        self.recv_done: set[str] = set()  # consumer finished_recving not yet acted on
-        self.recv_failed: set[str] = set()
+        # (consumer, req id): finished_recving (failed_recving) not yet acted on.
+        self.recv_done: set[tuple[int, str]] = set()
+        self.recv_failed: set[tuple[int, str]] = set()
 
     # ------------------------------------------------------------------ plumbing
+    def _record_offload_request_finished(self, child: Any) -> None:
+        """Record the real OffloadingConnector's request_finished answers (this instance
+        only; the call itself runs unchanged)."""
+        for name in ("request_finished", "request_finished_all_groups"):
+            real = getattr(child, name)
+
+            def wrapped(request: Any, block_ids: Any, _real: Any = real) -> Any:
+                delay, params = _real(request, block_ids)
+                self.offload_delays[spec_r(request.request_id)] = bool(delay)
+                return delay, params
+
+            setattr(child, name, wrapped)
+
     @property
     def c(self) -> Cluster:
         if self._cluster is None:
@@ -196,12 +230,13 @@ class VllmDriver(Driver):
     def _read_sources(self) -> set[int]:
         """Ranks whose handshake the consumer holds: (pp, tp) -> the publishing rank."""
         P, T = self.row.topology.pcp, self.row.topology.tp
-        agents = self.c.consumer.connector_worker._remote_agents.get(self.c.engine_id, {})
         out = set()
-        for pp, tp in agents:
-            for w in range(self.W):
-                if w // (P * T) == pp and (w // P) % T == tp and self._published(w):
-                    out.add(w)
+        for cons in self.c.consumers:
+            agents = cons.connector_worker._remote_agents.get(self.c.engine_id, {})
+            for pp, tp in agents:
+                for w in range(self.W):
+                    if w // (P * T) == pp and (w // P) % T == tp and self._published(w):
+                        out.add(w)
         return out
 
     def _has_requests(self) -> bool:
@@ -246,8 +281,11 @@ class VllmDriver(Driver):
     def _run_rank(self, w: int, so: Any) -> Any:
         api = self.c.api
         conn = self.c.workers[w]
-        # kv_connector_model_runner_mixin: bind -> start_load_kv -> forward -> wait_for_save
-        # -> get_transfer_results -> build_connector_worker_meta -> clear.
+        # gpu_model_runner.execute_model: handle_preemptions (the offloading child flushes
+        # stores of blocks this step reuses), then kv_connector_model_runner_mixin: bind ->
+        # start_load_kv -> forward -> wait_for_save -> get_transfer_results ->
+        # build_connector_worker_meta -> clear.
+        conn.handle_preemptions(so.kv_connector_metadata)
         conn.bind_connector_metadata(so.kv_connector_metadata)
         try:
             conn.start_load_kv(None)
@@ -292,6 +330,12 @@ class VllmDriver(Driver):
             eco = self.sched.update_from_output(st.so, out)
         except AssertionError as exc:
             # Scheduler._update_from_kv_xfer_finished: `assert req_id in self.requests`.
+            # Any other assertion is a crash the spec does not model: let it through.
+            last = traceback.extract_tb(exc.__traceback__)[-1]
+            if last.name != "_update_from_kv_xfer_finished" and "self.requests" not in (
+                last.line or ""
+            ):
+                raise
             self.late_finish = True
             self.late_error = f"AssertionError in Scheduler.update_from_output: {exc!r}"
             return
@@ -323,11 +367,12 @@ class VllmDriver(Driver):
         params = self.params[r]
         remote_block = int(params["remote_block_ids"][0][0])
         local_block = r  # consumer blocks 1..N (0 is vLLM's null block)
-        for t in self.c.consumer_caches.values():
-            t[local_block].zero_()
+        t = self.c.consumer_of(w)
+        for cache in self.c.consumers_caches[t].values():
+            cache[local_block].zero_()
         meta = api.NixlConnectorMetadata()
         meta.add_new_req_to_recv(req_id(r), ([local_block],), dict(params), awaiting_kvs=True)
-        cons = self.c.consumer
+        cons = self.c.consumers[t]
         cons.bind_connector_metadata(meta)
         try:
             cons.start_load_kv(None)
@@ -341,24 +386,26 @@ class VllmDriver(Driver):
         rd = self.reads.get((r, w))
         if rd is None or rd.state != "inflight":
             raise MissingAction(f"consumer_get_finished({r}, {w}): no READ in flight")
+        t = self.c.consumer_of(w)
+        key = (t, req_id(r))
         deadline = time.monotonic() + WAIT_TIMEOUT_S
-        while req_id(r) not in self.recv_done:
+        while key not in self.recv_done:
             # D's model runner polls get_transfer_results each step; one poll may report
             # several requests' READs, so completions are kept until their action fires.
-            res = self.c.consumer_poll()
-            self.recv_done |= set(res.finished_recving)
-            self.recv_failed |= set(res.failed_recving)
-            if req_id(r) in self.recv_done:
+            res = self.c.consumer_poll(t)
+            self.recv_done |= {(t, x) for x in res.finished_recving}
+            self.recv_failed |= {(t, x) for x in res.failed_recving}
+            if key in self.recv_done:
                 break
             if time.monotonic() > deadline:
                 raise MissingAction(f"consumer_get_finished({r}, {w}): READ not done in time")
             time.sleep(0.0002)
-        self.recv_done.discard(req_id(r))
-        if req_id(r) in self.recv_failed:
+        self.recv_done.discard(key)
+        if key in self.recv_failed:
             raise MissingAction(f"consumer_get_finished({r}, {w}): the READ failed")
         torch = self.c.api.torch
-        for name, t in self.c.consumer_caches.items():
-            if not torch.equal(t[rd.local_block], self.c.caches[w][name][rd.remote_block]):
+        for name, cache in self.c.consumers_caches[t].items():
+            if not torch.equal(cache[rd.local_block], self.c.caches[w][name][rd.remote_block]):
                 raise TransferCorrupted(f"req {r}: layer {name} differs after the READ")
         try:
             item = self.c.inboxes[w].wait_arrived(f"{req_id(r)}:1".encode(), WAIT_TIMEOUT_S)
@@ -378,16 +425,16 @@ class VllmDriver(Driver):
         if not self._can_heartbeat(r):
             raise MissingAction(f"heartbeat({r}): not possible now")
         api = self.c.api
-        cons = self.c.consumer
-        meta = api.NixlConnectorMetadata()
-        meta.heartbeat_by_engine = {
-            self.c.engine_id: api.HeartbeatInfo(
-                req_ids={req_id(r)}, host="127.0.0.1", port=0, tp_size=self.row.topology.tp
-            )
-        }
-        # D's real path: NixlPullConnectorWorker._send_heartbeats -> send_notif("HB:...")
-        # to every producer agent it handshook with.
-        cons.connector_worker._send_heartbeats(meta)
+        # D's real path: every decode worker runs NixlPullConnectorWorker._send_heartbeats
+        # -> send_notif("HB:...") to every producer agent it handshook with.
+        for cons in self.c.consumers:
+            meta = api.NixlConnectorMetadata()
+            meta.heartbeat_by_engine = {
+                self.c.engine_id: api.HeartbeatInfo(
+                    req_ids={req_id(r)}, host="127.0.0.1", port=0, tp_size=self.row.topology.tp
+                )
+            }
+            cons.connector_worker._send_heartbeats(meta)
         msg = f"HB:{req_id(r)}".encode()
         for w in sorted(self._read_sources()):
             try:
