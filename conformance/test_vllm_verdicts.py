@@ -1,0 +1,51 @@
+"""The design verdicts on the installed vLLM, as tests.
+
+These are the claims the README makes: vLLM 0.32.0 as shipped conforms to the spec variant
+`v0.30-shipped` and therefore replays the stall counterexample to its end (the real
+engine keeps a delayed request forever), while it diverges from `fixed` exactly at the
+replica's report; with the fix-53903 patch it follows `fixed`, including the async-
+scheduling counterexample in which blocks are freed while an offload store runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+from kvspec.conformance import TRACES_DIR, INCORRECT, load_trace, replay
+
+pytestmark = pytest.mark.vllm
+
+
+def _replay(name: str, patch: str | None) -> object:
+    pytest.importorskip("vllm")
+    from kvspec.drivers.vllm_driver import VllmDriver
+
+    trace = load_trace(TRACES_DIR / f"{name}.itf.json")
+    driver = VllmDriver(trace.row, device="cpu", impl_patch=patch)
+    try:
+        return replay(driver, trace)
+    finally:
+        driver.close()
+
+
+def test_shipped_vllm_replays_the_stall_counterexample() -> None:
+    res = _replay("pcp2-v0.30-shipped-nixl/cex-DelayedEventuallyFreed", None)
+    assert res.failure is None, res.failure  # type: ignore[attr-defined]
+
+
+def test_shipped_vllm_diverges_from_fixed_at_the_replica_report() -> None:
+    res = _replay("conf-fixed-nixl-pcp2/003", None)
+    failure = res.failure  # type: ignore[attr-defined]
+    assert failure is not None
+    assert failure.cls == INCORRECT
+    assert failure.action == "execute_model"
+    assert "steps" in failure.diff
+
+
+def test_patched_vllm_follows_fixed_on_the_same_trace() -> None:
+    res = _replay("conf-fixed-nixl-pcp2/003", "fix-53903")
+    assert res.failure is None, res.failure  # type: ignore[attr-defined]
+
+
+def test_patched_vllm_frees_while_storing_under_async_scheduling() -> None:
+    res = _replay("regress-async-fixed-offload-delaying/cex-NoFreeWhileInFlight", "fix-53903")
+    assert res.failure is None, res.failure  # type: ignore[attr-defined]
