@@ -103,16 +103,17 @@ def _tlc_cmd(args: argparse.Namespace) -> int:
 
 
 def add_doctor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("doctor", help="check java, the TLC jar and python")
+    p = sub.add_parser(
+        "doctor", help="java, TLC, python, torch, vllm, nixl, UCX, device; which drivers run"
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--jar-only", action="store_true", help="only verify/install the TLC jar")
     p.set_defaults(handler=_doctor_cmd)
 
 
 def _doctor_cmd(args: argparse.Namespace) -> int:
-    import subprocess
 
-    from kvspec.jar import JAR_SHA256, JarError, JavaMissing, jar_path, java_version
+    from kvspec.jar import JAR_SHA256, JarError, jar_path
 
     report: dict[str, Any] = {"python": platform.python_version(), "ok": True}
     try:
@@ -127,17 +128,15 @@ def _doctor_cmd(args: argparse.Namespace) -> int:
             return 2
         print(f"tla2tools.jar ok: {report['tla2tools_jar']}")
         return 0
-    try:
-        report["java"] = java_version()
-    except (JavaMissing, OSError, subprocess.SubprocessError) as exc:
-        report["ok"] = False
-        report["java_error"] = str(exc)
+    from kvspec.doctor import doctor_report, format_report
+
+    full = doctor_report()
+    full["ok"] = report["ok"] and "version" in full.get("java", {})
     if args.json:
-        print(json.dumps(report, sort_keys=True, indent=2))
+        print(json.dumps(full, sort_keys=True, indent=2))
     else:
-        for key in sorted(report):
-            print(f"{key}: {report[key]}")
-    return 0 if report["ok"] else 2
+        print(format_report(full))
+    return 0 if full["ok"] else 2
 
 
 # ---------------------------------------------------------------- kvspec review
