@@ -130,7 +130,7 @@ def _doctor_cmd(args: argparse.Namespace) -> int:
         return 0
     from kvspec.doctor import doctor_report, format_report
 
-    full = doctor_report()
+    full = {**report, **doctor_report()}
     full["ok"] = report["ok"] and "version" in full.get("java", {})
     if args.json:
         print(json.dumps(full, sort_keys=True, indent=2))

@@ -115,3 +115,6 @@ def test_cli_doctor(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["doctor", "--json"]) == 0
     report = json.loads(capsys.readouterr().out.split("\n", 1)[1])
     assert report["ok"] is True and report["tla2tools_sha256"] == jar.JAR_SHA256
+    # the full report names every driver and says whether it can run here
+    assert set(report["drivers"]) == {"reference", "vllm-cpu", "vllm-cuda"}
+    assert report["drivers"]["reference"]["runs"] is True
