@@ -866,10 +866,41 @@ def run_traces(traces: list[SpecTrace], device: str = "cpu") -> tuple[str | None
     return None, None, ""
 
 
+@contextmanager
+def clean_clusters(traces: list[SpecTrace], device: str = "cpu") -> Iterator[None]:
+    """Build every cluster the traces need before a mutant is applied, and discard any
+    cluster built while it was (a mutant can poison set-up, e.g. the handshake the
+    consumer caches), so no mutant leaks into the next."""
+    from kvspec.drivers import vllm_cluster
+    from kvspec.drivers.vllm_driver import DriverUnavailable, VllmDriver
+
+    seen: set[tuple[Any, ...]] = set()
+    for t in traces:
+        r = t.row
+        key = (r.composition, r.topology, r.requests, r.capacity, r.async_scheduling)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            VllmDriver(r, device=device).close()
+        except DriverUnavailable:
+            continue
+    before = {id(c) for c in vllm_cluster._LIVE}
+    try:
+        yield
+    finally:
+        for c in list(vllm_cluster._LIVE):
+            if id(c) not in before:
+                vllm_cluster.discard(c)
+                for idle in vllm_cluster._POOL.values():
+                    if c in idle:
+                        idle.remove(c)
+
+
 def run_mutant(mutant: Mutant, device: str = "cpu", traces_dir: Path | None = None) -> Outcome:
     t0 = time.perf_counter()
     traces, _ = base_traces(mutant.base[0], traces_dir)
-    with applied(mutant):
+    with clean_clusters(traces, device), applied(mutant):
         name, div, crash = run_traces(traces, device)
     secs = time.perf_counter() - t0
     if crash:
