@@ -40,12 +40,17 @@ lint: venv
 # must fail), unit + reference conformance tests, then the real-vLLM conformance suite.
 test: venv-vllm lint
 	mkdir -p build
-	$(VENV)/bin/kvspec traces --matrix conformance/matrix.toml --check
+	$(VENV)/bin/kvspec traces --check
 	$(VENV)/bin/kvspec check --tier fast --out build/check-fast --quiet
 	$(VENV)/bin/pytest -q --junitxml=build/junit.xml
 	$(VENV)/bin/pytest -q conformance/test_conformance.py --driver vllm --junitxml=build/junit-vllm.xml
 
+# The design-review artifact: trace coverage, the mutation campaign, then `kvspec review`
+# (full matrix + conformance on the installed vLLM) writes report/index.html + REPORT.md.
 review: venv-vllm
+	mkdir -p build
+	$(VENV)/bin/kvspec traces --check --json build/traces.json
+	$(VENV)/bin/kvspec mutants --json build/mutants.json
 	$(VENV)/bin/kvspec review --out report/
 
 clean:

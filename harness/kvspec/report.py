@@ -33,7 +33,7 @@ JSON = Any
 COMMANDS = {
     "check": "kvspec check --json build/check/results.json",
     "conform": "kvspec conform --driver vllm --json build/conform.json",
-    "traces": "kvspec traces --json build/traces.json",
+    "traces": "kvspec traces --check --json build/traces.json",
     "mutants": "kvspec mutants --json build/mutants.json",
     "review": "make review",
 }

@@ -45,7 +45,7 @@ from kvspec.drivers.reference import (
     to_values,
 )
 from kvspec.itf import dumps, value_from_itf, value_to_itf
-from kvspec.matrix import DEFAULT_MATRIX, MatrixError, ModelRow, load_matrix
+from kvspec.matrix import MatrixError, ModelRow, load_matrix
 from kvspec.statgraph import DotError, StateGraph, tlc_state_graph
 
 JSON = Any
@@ -55,6 +55,7 @@ MAX_LEN = 40  # steps per trace: long enough to reach anything in small models
 HOP = 4  # how far a trace may walk through covered edges to reach an uncovered one
 LASSO_UNROLL = 1  # extra turns around a counterexample's loop
 REPO = Path(__file__).resolve().parents[2]
+CONFORMANCE_MATRIX = REPO / "conformance" / "matrix.toml"
 OUT_DIR = REPO / "conformance" / "traces"
 CHECK_DIR = REPO / "build" / "check"
 
@@ -401,6 +402,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     _table(summaries)
+    if args.json is not None:
+        _write_json(args.json, summaries)
     if args.check and stale:
         print(f"{len(stale)} stale trace files under {out_dir}; run `kvspec traces`:")
         for s in stale:
@@ -411,8 +414,29 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_json(path: Path, summaries: list[ModelSummary]) -> None:
+    """Coverage per model, read by `kvspec review` (build/traces.json)."""
+    import json
+
+    models = {
+        s.model: {
+            "edges_total": s.edges,
+            "edges_covered": s.covered,
+            "actions_covered": s.actions,
+            "actions_total": s.actions_total,
+            "traces": s.traces,
+            "steps": s.steps,
+            "skipped": s.skipped,
+        }
+        for s in summaries
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"models": models}, indent=1, sort_keys=True) + "\n")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--matrix", type=Path, default=DEFAULT_MATRIX, help="matrix TOML")
+    p.add_argument("--matrix", type=Path, default=CONFORMANCE_MATRIX, help="matrix TOML")
+    p.add_argument("--json", type=Path, default=None, help="write coverage JSON here")
     p.add_argument("--only", metavar="NAME", help="only this model row")
     p.add_argument("--out", type=Path, default=OUT_DIR, help="output directory")
     p.add_argument(
