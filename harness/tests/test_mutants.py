@@ -80,9 +80,11 @@ def test_apply_then_undo_restores_the_original(name: str) -> None:
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("base", [SHIPPED, FIXED], ids=lambda b: str(b[0]))
-def test_unmutated_vllm_passes_the_base_traces(base: tuple[str, str | None]) -> None:
+def test_unmutated_vllm_passes_the_extension_traces(base: tuple[str, str | None]) -> None:
+    """No false kill. The committed traces of both bases already run on the unmutated
+    vLLM in the conformance suite (make test); the campaign's own extension traces don't."""
     _vllm()
-    trace, div, crash = unmutated(base)
+    trace, div, crash = unmutated(base, extensions_only=True)
     assert (trace, div, crash) == (None, None, ""), f"false kill on {trace}: {div} {crash}"
 
 
