@@ -134,7 +134,48 @@ def _check_context(check: Mapping[str, JSON]) -> dict[str, Any]:
         "mismatches": sum(1 for r in rows if r["mismatch"]),
         "violated": len(cexes),
     }
-    return {"rows": rows, "cexes": cexes, "summary": summary}
+    return {"rows": rows, "cexes": cexes, "summary": summary, "design": design_matrix(results)}
+
+
+def design_matrix(results: list[Mapping[str, JSON]]) -> dict[str, Any]:
+    """The variant x composition x topology view: one cell per model, naming the properties
+    it violates (vacuity guards left out) and flagging any verdict not as expected."""
+    comps: list[str] = []
+    cells: dict[tuple[str, str], dict[str, Any]] = {}
+    order: list[str] = []
+    for res in results:
+        comp = str(res.get("composition", "-"))
+        if comp not in comps:
+            comps.append(comp)
+        row_key = f"{res.get('variant', '-')} | {_topology(res.get('topology'))}"
+        if res.get("async_scheduling"):
+            row_key += " | async"
+        if row_key not in order:
+            order.append(row_key)
+        cell = cells.setdefault(
+            (row_key, comp), {"violated": [], "mismatch": False, "models": set()}
+        )
+        cell["models"].add(str(res.get("model", "?")))
+        prop = str(res.get("property", "?"))
+        if res.get("verdict") != res.get("expected"):
+            cell["mismatch"] = True
+        if res.get("verdict") == "violated" and not prop.startswith(REACHABILITY_PREFIX):
+            cell["violated"].append(prop)
+        elif res.get("verdict") in ("error", "timeout"):
+            cell["violated"].append(f"{prop}: {res.get('verdict')}")
+    rows = []
+    for key in order:
+        out: list[dict[str, Any] | None] = []
+        for comp in comps:
+            found = cells.get((key, comp))
+            if found is None:
+                out.append(None)
+                continue
+            text = ", ".join(sorted(set(found["violated"]))) or "all hold"
+            out.append({"text": text, "bad": bool(found["violated"]),
+                        "mismatch": found["mismatch"], "models": sorted(found["models"])})
+        rows.append({"key": key, "cells": out})
+    return {"compositions": comps, "rows": rows}
 
 
 def _divergence(d: JSON) -> str | None:

@@ -345,3 +345,24 @@ def test_browser_renders_table_and_diagrams(full: Path, tmp_path: Path) -> None:
     for s in probe["svgs"][:2]:  # the third, a vacuity witness, sits in a closed <details>
         assert s["w"] > 800 and s["h"] > 300 and s["rects"] >= 10
     assert sorted(s["lanes"] for s in probe["svgs"]) == [5, 5, 6]
+
+
+def test_design_matrix_names_violations_per_cell() -> None:
+    from kvspec.report import design_matrix
+
+    def res(model: str, comp: str, prop: str, verdict: str, expected: str) -> dict[str, object]:
+        return {"model": model, "variant": "v0.30-shipped", "composition": comp,
+                "topology": {"tp": 1, "pp": 1, "pcp": 2}, "property": prop,
+                "verdict": verdict, "expected": expected}
+
+    m = design_matrix([
+        res("a", "nixl", "TypeOK", "holds", "holds"),
+        res("a", "nixl", "NoStall", "violated", "violated"),
+        res("a", "nixl", "ReachSending", "violated", "violated"),  # vacuity guard: not shown
+        res("b", "multi-nixl-offload-delaying", "TypeOK", "violated", "holds"),
+    ])
+    assert m["compositions"] == ["nixl", "multi-nixl-offload-delaying"]
+    (row,) = m["rows"]
+    nixl, delaying = row["cells"]
+    assert nixl["text"] == "NoStall" and nixl["bad"] and not nixl["mismatch"]
+    assert delaying["text"] == "TypeOK" and delaying["mismatch"]
