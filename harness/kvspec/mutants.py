@@ -878,23 +878,12 @@ def run_traces(traces: list[SpecTrace], device: str = "cpu") -> tuple[str | None
 
 @contextmanager
 def clean_clusters(traces: list[SpecTrace], device: str = "cpu") -> Iterator[None]:
-    """Build every cluster the traces need before a mutant is applied, and discard any
-    cluster built while it was (a mutant can poison set-up, e.g. the handshake the
-    consumer caches), so no mutant leaks into the next."""
+    """Discard every cluster built while a mutant was applied (a mutant can poison
+    set-up, e.g. the handshake the consumer caches), so no mutant leaks into the next.
+    Clusters are built lazily: a mutant's effect on set-up is part of what is tested, and
+    pre-building every shape cost a minute per mutant even when the first trace kills it."""
     from kvspec.drivers import vllm_cluster
-    from kvspec.drivers.vllm_driver import DriverUnavailable, VllmDriver
 
-    seen: set[tuple[Any, ...]] = set()
-    for t in traces:
-        r = t.row
-        key = (r.composition, r.topology, r.requests, r.capacity, r.async_scheduling)
-        if key in seen:
-            continue
-        seen.add(key)
-        try:
-            VllmDriver(r, device=device).close()
-        except DriverUnavailable:
-            continue
     before = {id(c) for c in vllm_cluster._LIVE}
     try:
         yield

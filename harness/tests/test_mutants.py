@@ -92,10 +92,10 @@ def test_unmutated_vllm_passes_the_extension_traces(base: tuple[str, str | None]
 @pytest.mark.parametrize(
     ("name", "trace_prefix", "step"),
     [
-        # the committed one-request traces: the handshake set differs at Init
-        ("handshake-published-by-replicas", "conf-v0.30-shipped-", 0),
+        # extension traces run first: the handshake set differs at Init
+        ("handshake-published-by-replicas", "x-v0.30-shipped-nixl-pcp2-2req/", 0),
         # expected = world_size - 1: rank 0's single report frees the request
-        ("agg-expected-minus-one", "conf-v0.30-shipped-", None),
+        ("agg-expected-minus-one", "x-v0.30-shipped-nixl-pcp2-2req/", None),
         # only the async extension trace reaches a read before the lease (#25808)
         ("notif-before-metadata-dropped", "x-v0.30-shipped-nixl-pcp2-async/", None),
     ],
