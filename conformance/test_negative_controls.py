@@ -19,26 +19,16 @@ from kvspec.conformance import (
     trace_files,
 )
 from kvspec.drivers.base import Action, MissingAction
-from kvspec.drivers.reference import Model, Params, RankResult, ReferenceDriver, State, Step
+from kvspec.drivers.broken import DropLastRankModel
+from kvspec.drivers.reference import Model, ReferenceDriver
 from kvspec.matrix import ModelRow
 
 TRACES = Path(__file__).parent / "traces"
 PCP2 = "conf-fixed-nixl-pcp2"  # fixed design, PCP=2: both ranks report every send
 
 
-class DropRankModel(Model):
-    """The last rank's finished_sending report is lost (a dropped rank report)."""
-
-    def rank_step(self, p: Params, s: State, w: int, m: Step) -> RankResult:
-        res = super().rank_step(p, s, w, m)
-        if w == p.w - 1:
-            return RankResult(res.toProcess, res.lease, res.expired, res.replQ, res.extra,
-                              frozenset())  # fmt: skip
-        return res
-
-
 class DropRankDriver(ReferenceDriver):
-    model_class = DropRankModel
+    model_class = DropLastRankModel
 
 
 class OffByOneModel(Model):

@@ -12,12 +12,9 @@ import shutil
 from dataclasses import dataclass
 
 import pytest
+from kvspec.drivers.broken import DropLastRankModel
 from kvspec.drivers.reference import (
     Model,
-    Params,
-    RankResult,
-    State,
-    Step,
     after_reports,
     reachable,
     to_values,
@@ -108,18 +105,7 @@ class OffByOne(Model):
         return self.p.expected + 1
 
 
-class DropLastRank(Model):
-    """The last rank's finished_sending report never reaches the aggregator."""
-
-    def rank_step(self, p: Params, s: State, w: int, m: Step) -> RankResult:
-        res = super().rank_step(p, s, w, m)
-        if w == p.w - 1:
-            return RankResult(res.toProcess, res.lease, res.expired, res.replQ, res.extra,
-                              frozenset())  # fmt: skip
-        return res
-
-
-@pytest.mark.parametrize("bent", [OffByOne, DropLastRank], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("bent", [OffByOne, DropLastRankModel], ids=lambda c: c.__name__)
 def test_negative_control_wrong_reference_differs(
     bent: type[Model], graphs: dict[str, StateGraph]
 ) -> None:
