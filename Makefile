@@ -43,7 +43,10 @@ test: venv-vllm lint
 	$(VENV)/bin/kvspec traces --check
 	$(VENV)/bin/kvspec check --tier fast --out build/check-fast --quiet
 	$(VENV)/bin/pytest -q --junitxml=build/junit.xml
-	$(VENV)/bin/pytest -q conformance/test_conformance.py --driver vllm --junitxml=build/junit-vllm.xml
+	$(VENV)/bin/pytest -q conformance/test_conformance.py conformance/test_random_walks.py \
+	  --driver vllm --impl-patch fix-53903 --variant fixed --junitxml=build/junit-vllm-fixed.xml
+	$(VENV)/bin/pytest -q conformance/test_conformance.py conformance/test_random_walks.py \
+	  --driver vllm --variant v0.30-shipped --junitxml=build/junit-vllm.xml
 
 # The design-review artifact: trace coverage, the mutation campaign, then `kvspec review`
 # (full matrix + conformance on the installed vLLM) writes report/index.html + REPORT.md.
