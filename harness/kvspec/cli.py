@@ -173,52 +173,37 @@ def _review_cmd(args: argparse.Namespace) -> int:
 #   TODO(conform):  add_conform_parser  -> kvspec.conform
 
 
-def add_mutants_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("mutants", help="mutation campaign: do the traces kill mutants of vLLM?")
-
-    def handler(args: argparse.Namespace) -> int:
-        from kvspec.mutants import run
-
-        return run(args)
-
-    p.add_argument("--json", type=Path, default=None, help="write the results here")
-    p.add_argument("--only", action="append", default=[], metavar="NAME", help="mutant(s)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.set_defaults(handler=handler)
-
-
 def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from kvspec.check import add_check_parser as add
 
     add(sub)
 
 
-def add_traces_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("traces", help="generate conformance traces covering every spec edge")
+def _stage_parser(name: str, help_text: str) -> Callable[[Any], None]:
+    """A subcommand whose module `kvspec.<name>` provides add_arguments(p) and run(args).
 
-    def handler(args: argparse.Namespace) -> int:
-        from kvspec.traces import run
+    The module is imported only when the subcommand runs or its parser is built, so
+    `kvspec --help` does not pay for vLLM or TLC imports.
+    """
+    import importlib
 
-        return run(args)
+    def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+        p = sub.add_parser(name, help=help_text)
+        module = importlib.import_module(f"kvspec.{name}")
+        module.add_arguments(p)
 
-    from kvspec.traces import add_arguments
+        def handler(args: argparse.Namespace) -> int:
+            result: int = module.run(args)
+            return result
 
-    add_arguments(p)
-    p.set_defaults(handler=handler)
+        p.set_defaults(handler=handler)
+
+    return add
 
 
-def add_conform_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("conform", help="replay the traces on a driver; which variants conform")
-
-    def handler(args: argparse.Namespace) -> int:
-        from kvspec.conform import run
-
-        return run(args)
-
-    from kvspec.conform import add_arguments
-
-    add_arguments(p)
-    p.set_defaults(handler=handler)
+add_traces_parser = _stage_parser("traces", "conformance traces covering every spec edge")
+add_conform_parser = _stage_parser("conform", "replay traces on a driver: which variants conform")
+add_mutants_parser = _stage_parser("mutants", "mutation campaign against the installed vLLM")
 
 
 PARSERS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
