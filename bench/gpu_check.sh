@@ -3,7 +3,8 @@
 #   bash bench/gpu_check.sh WHEEL_DIR [OUT_DIR]
 # WHEEL_DIR holds the wheels to install offline (vllm, nixl, their deps, and this project's
 # dependencies); OUT_DIR (default $OUT, else ./out) receives conform-cuda.json, doctor.json
-# and gpu_check.log. Exit status: that of `kvspec conform`.
+# junit-cuda-verdicts.xml and gpu_check.log. Exit status: `kvspec conform`'s, else the
+# verdict tests'.
 set -euo pipefail
 WHEELS=${1:?usage: gpu_check.sh WHEEL_DIR [OUT_DIR]}
 OUT_DIR=${2:-${OUT:-$PWD/out}}
@@ -27,11 +28,19 @@ import json
 from kvspec.doctor import doctor_report
 print(json.dumps(doctor_report(), indent=2))
 PY
+kvspec doctor --require vllm-cuda  # stop here, with the reason, if CUDA cannot run
 set +e
-kvspec conform --driver vllm --device cuda --json "$OUT_DIR/conform-cuda.json"
+# Every device wait is bounded (WAIT_TIMEOUT_S); the outer timeouts only guard a wedged GPU.
+timeout 2400 kvspec conform --driver vllm --device cuda --json "$OUT_DIR/conform-cuda.json"
 rc=$?
-set -e
 echo "== kvspec conform exit $rc"
+# The design verdicts (stall replayed; fix-53903 follows `fixed`) on VRAM caches.
+timeout 900 python -m pytest -q "$ROOT/conformance/test_vllm_verdicts.py" --device cuda \
+  -rs --junitxml="$OUT_DIR/junit-cuda-verdicts.xml"
+vrc=$?
+echo "== verdict tests exit $vrc"
+set -e
+[ "$rc" -ne 0 ] || rc=$vrc
 if [ ! -s "$OUT_DIR/conform-cuda.json" ]; then
   printf '{"driver": "vllm", "device": "cuda", "exit": %d, "error": "no report written"}\n' \
     "$rc" > "$OUT_DIR/conform-cuda.json"

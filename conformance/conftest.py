@@ -34,14 +34,15 @@ def driver_name(pytestconfig: pytest.Config) -> str:
 def make_driver(pytestconfig: pytest.Config) -> DriverFactory:
     """A factory building one fresh driver per trace; vLLM is imported once per session."""
     from kvspec.conform import driver_factory
+    from kvspec.drivers.vllm_cluster import DriverUnavailable
 
     name = str(pytestconfig.getoption("--driver"))
     device = str(pytestconfig.getoption("--device"))
     patch = pytestconfig.getoption("--impl-patch")
     try:
         return driver_factory(name, device, str(patch) if patch else None)
-    except ImportError as exc:  # vllm/nixl not installed, or the driver not written yet
-        pytest.skip(f"{name} driver unavailable: {exc}")
+    except (ImportError, DriverUnavailable) as exc:  # vllm/nixl missing, or no such device
+        pytest.skip(f"{name} driver unavailable on {device}: {exc}")
 
 
 def replay_extra(config: pytest.Config) -> str:

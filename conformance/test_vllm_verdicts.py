@@ -15,25 +15,38 @@ from kvspec.conformance import INCORRECT, TRACES_DIR, load_trace, replay
 pytestmark = pytest.mark.vllm
 
 
-def _replay(name: str, patch: str | None) -> object:
+@pytest.fixture(scope="module")
+def device(pytestconfig: pytest.Config) -> str:
+    """--device (cpu here; cuda on a GPU runner), skipped with the reason if unusable."""
     pytest.importorskip("vllm")
+    from kvspec.drivers.vllm_cluster import DriverUnavailable, check_device
+
+    dev = str(pytestconfig.getoption("--device"))
+    try:
+        check_device(dev)
+    except DriverUnavailable as exc:
+        pytest.skip(f"vllm driver unavailable on {dev}: {exc}")
+    return dev
+
+
+def _replay(name: str, patch: str | None, device: str) -> object:
     from kvspec.drivers.vllm_driver import VllmDriver
 
     trace = load_trace(TRACES_DIR / f"{name}.itf.json")
-    driver = VllmDriver(trace.row, device="cpu", impl_patch=patch)
+    driver = VllmDriver(trace.row, device=device, impl_patch=patch)
     try:
         return replay(driver, trace)
     finally:
         driver.close()
 
 
-def test_shipped_vllm_replays_the_stall_counterexample() -> None:
-    res = _replay("pcp2-v0.30-shipped-nixl/cex-DelayedEventuallyFreed", None)
+def test_shipped_vllm_replays_the_stall_counterexample(device: str) -> None:
+    res = _replay("pcp2-v0.30-shipped-nixl/cex-DelayedEventuallyFreed", None, device)
     assert res.failure is None, res.failure  # type: ignore[attr-defined]
 
 
-def test_shipped_vllm_diverges_from_fixed_at_the_replica_report() -> None:
-    res = _replay("conf-fixed-nixl-pcp2/003", None)
+def test_shipped_vllm_diverges_from_fixed_at_the_replica_report(device: str) -> None:
+    res = _replay("conf-fixed-nixl-pcp2/003", None, device)
     failure = res.failure  # type: ignore[attr-defined]
     assert failure is not None
     assert failure.cls == INCORRECT
@@ -41,11 +54,13 @@ def test_shipped_vllm_diverges_from_fixed_at_the_replica_report() -> None:
     assert "steps" in failure.diff
 
 
-def test_patched_vllm_follows_fixed_on_the_same_trace() -> None:
-    res = _replay("conf-fixed-nixl-pcp2/003", "fix-53903")
+def test_patched_vllm_follows_fixed_on_the_same_trace(device: str) -> None:
+    res = _replay("conf-fixed-nixl-pcp2/003", "fix-53903", device)
     assert res.failure is None, res.failure  # type: ignore[attr-defined]
 
 
-def test_patched_vllm_frees_while_storing_under_async_scheduling() -> None:
-    res = _replay("regress-async-fixed-offload-delaying/cex-NoFreeWhileInFlight", "fix-53903")
+def test_patched_vllm_frees_while_storing_under_async_scheduling(device: str) -> None:
+    res = _replay(
+        "regress-async-fixed-offload-delaying/cex-NoFreeWhileInFlight", "fix-53903", device
+    )
     assert res.failure is None, res.failure  # type: ignore[attr-defined]

@@ -108,6 +108,13 @@ def add_doctor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--jar-only", action="store_true", help="only verify/install the TLC jar")
+    p.add_argument(
+        "--require",
+        metavar="DRIVER",
+        action="append",
+        default=[],
+        help="exit 1 unless DRIVER (e.g. vllm-cuda) runs here; repeatable",
+    )
     p.set_defaults(handler=_doctor_cmd)
 
 
@@ -136,7 +143,18 @@ def _doctor_cmd(args: argparse.Namespace) -> int:
         print(json.dumps(full, sort_keys=True, indent=2))
     else:
         print(format_report(full))
-    return 0 if full["ok"] else 2
+    if not full["ok"]:
+        return 2
+    drivers: dict[str, dict[str, Any]] = full["drivers"]
+    for name in args.require:
+        if name not in drivers:
+            _err(f"doctor --require {name}: no such driver; known: {', '.join(sorted(drivers))}")
+            return 2
+        if not drivers[name]["runs"]:
+            # A GPU job must stop here, not skip its way to green.
+            _err(f"doctor --require {name}: cannot run here: {drivers[name]['why']}")
+            return 1
+    return 0
 
 
 # ---------------------------------------------------------------- kvspec review

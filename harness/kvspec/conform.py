@@ -24,6 +24,7 @@ from typing import Any
 
 from kvspec.conformance import TRACES_DIR, SpecTrace, load_trace, replay, trace_files
 from kvspec.drivers.base import Driver
+from kvspec.drivers.vllm_cluster import DriverUnavailable
 from kvspec.matrix import VARIANTS, ModelRow
 
 JSON = Any
@@ -54,7 +55,11 @@ def driver_factory(name: str, device: str = "cpu", impl_patch: str | None = None
 
         return ReferenceDriver
     if name == "vllm":
+        from kvspec.drivers.vllm_cluster import check_device
         from kvspec.drivers.vllm_driver import VllmDriver
+
+        # Up front, so an unusable device is one "unavailable" line, not a failed trace each.
+        check_device(device)
 
         def make(row: ModelRow) -> Driver:
             return VllmDriver(row, device=device, impl_patch=impl_patch)
@@ -159,8 +164,9 @@ def run_conform(
 ) -> dict[str, JSON]:
     """Replay every committed trace on `driver`; returns (and writes) the summary JSON.
 
-    Raises ImportError when the driver cannot be loaded and FileNotFoundError when there
-    are no traces; `kvspec review` turns either into a "not run" section.
+    Raises ImportError when the driver cannot be loaded, DriverUnavailable when it cannot
+    run on `device` here, and FileNotFoundError when there are no traces; `kvspec review`
+    turns the first two into a "not run" section.
     """
     factory = driver_factory(driver, device, impl_patch)
     traces = [load_trace(p) for p in trace_files(traces_dir)]
@@ -208,8 +214,11 @@ def run(args: argparse.Namespace) -> int:
             json_out=args.json,
             progress=sys.stderr.isatty(),
         )
-    except ImportError as exc:
-        print(f"kvspec conform: the {args.driver} driver is unavailable: {exc}", file=sys.stderr)
+    except (ImportError, DriverUnavailable) as exc:
+        print(
+            f"kvspec conform: the {args.driver} driver is unavailable on {args.device}: {exc}",
+            file=sys.stderr,
+        )
         return 2
     except FileNotFoundError as exc:
         print(f"kvspec conform: {exc}", file=sys.stderr)

