@@ -1,7 +1,12 @@
 """A CPU offloading spec for vLLM's real upstream OffloadingConnector on a CPU-only host
 (composition `multi-nixl-offload-upstream`). On CUDA (`child_config(role, stock=True)`)
 none of this is used: the child runs vLLM's stock `CPUOffloadingSpec` and its
-`CPUOffloadingWorker` copies GPU blocks to pinned host memory on CUDA streams.
+`CPUOffloadingWorker` copies GPU blocks to pinned host memory on CUDA streams. Its host
+tier is a `SharedOffloadRegion` under /dev/shm that the ranks of an engine share through a
+barrier on the world group; here every rank lives in one process whose world group has one
+member, so each rank's barrier releases at once, the creator unlinks the name, and the next
+rank creates a region of its own. Each rank only ever touches its own slot of a region, so
+this differs from a deployment in memory use, not in what a store or load does.
 
 The connector (`vllm...v1.offloading_connector.OffloadingConnector`) runs as shipped on both
 sides: scheduler (`OffloadingConnectorScheduler` over the stock `CPUOffloadingManager`, via
