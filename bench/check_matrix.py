@@ -80,8 +80,10 @@ def main() -> None:
                     res = check_mod.check_safety(row, out / row.name)
                     verdict = res[0].verdict
                     states = res[0].distinct_states
+                    # A timed-out run's count is TLC's last progress line, not the space.
+                    shown = "-" if states is None or verdict == "timeout" else str(states)
                     growth.add_row(str(pcp), str(tp), str(reqs), str(row.topology.world_size),
-                                   str(states if states is not None else "-"),
+                                   shown,
                                    f"{time.monotonic() - t0:.1f}", verdict)
         console.print(growth)
         console.print("Symmetry: none is sound here (FCFS request order, canonical PCP rank 0; "
