@@ -19,8 +19,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
 "$PY" -m venv --system-site-packages "$VENV"
 # shellcheck disable=SC1091
 source "$VENV/bin/activate"
-pip install --no-index --find-links "$WHEELS" vllm nixl 2>&1 | tail -5 || \
-  pip install --no-index --find-links "$WHEELS" "$WHEELS"/*.whl 2>&1 | tail -5
+# As the CPU install (Makefile): the CUDA 12 NIXL build, then the `nixl` front package
+# without its dependencies (it would pick a build by itself).
+pip install --no-index --find-links "$WHEELS" vllm nixl-cu12 2>&1 | tail -5
+pip install --no-index --find-links "$WHEELS" --no-deps nixl 2>&1 | tail -2
 pip install --no-index --find-links "$WHEELS" --no-build-isolation -e "$ROOT" 2>&1 | tail -2 || \
   pip install --no-deps --no-build-isolation -e "$ROOT"
 python - <<'PY' | tee "$OUT_DIR/doctor.json"
