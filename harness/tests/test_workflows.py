@@ -17,6 +17,7 @@ import io
 import re
 import shlex
 import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,22 @@ def test_gpu_workflow() -> None:
     scripts = " ".join(s for _, s in run_steps(doc))
     assert "kvspec conform --driver vllm --device cuda --json build/conform-cuda.json" in scripts
     assert "kvspec review" in scripts and "--no-index" in scripts
+    # A runner without a usable GPU fails before conformance instead of skipping to green.
+    assert scripts.index("kvspec doctor --require vllm-cuda") < scripts.index("kvspec conform")
+    assert "conformance/test_vllm_verdicts.py --device cuda" in scripts
+
+
+def test_gpu_check_script() -> None:
+    script = (REPO / "bench" / "gpu_check.sh").read_text()
+    assert subprocess.run(["bash", "-n", "bench/gpu_check.sh"], cwd=REPO).returncode == 0
+    kvspec = [w[w.index("kvspec") :] for w in commands(script) if "kvspec" in w]
+    assert [c[:2] for c in kvspec] == [
+        ["kvspec", "doctor"],
+        ["kvspec", "conform"],
+    ], kvspec
+    for words in kvspec:
+        assert check_command(words) is None, words
+    assert "--require" in kvspec[0] and ["--device", "cuda"] == kvspec[1][4:6]
 
 
 def test_checker_catches_mistakes() -> None:
