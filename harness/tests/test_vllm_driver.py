@@ -320,7 +320,8 @@ def test_cpu_caches_are_registered_as_dram(nixl1: VllmDriver) -> None:
 
     c = nixl1.c
     for nw in [c.nixl_worker(w) for w in range(c.world_size)]:
-        assert (nw.nixl_memory_type, nw.use_host_buffer) == ("DRAM", False)
+        assert nw.region_mem_types and set(nw.region_mem_types) == {"DRAM"}
+        assert not nw.use_host_buffer
         _check_registration(nw, device_plan("cpu"), "rank")
         # Negative control: the same worker is refused under the CUDA plan.
         with pytest.raises(ClusterError, match="registered its KV caches as DRAM"):

@@ -689,10 +689,13 @@ def _settle(api: SimpleNamespace, plan: DevicePlan) -> None:
 def _check_registration(nixl_worker: Any, plan: DevicePlan, who: str) -> None:
     """vLLM decides the NIXL memory type and host staging itself; refuse a cluster where
     it did not do what the plan says (e.g. a CUDA run that silently staged through DRAM)."""
-    got = (getattr(nixl_worker, "nixl_memory_type", None), nixl_worker.use_host_buffer)
-    if got != (plan.nixl_memory, False):
+    # region_mem_types: what register_kv_caches actually registered, region by region
+    # (base_worker.py: DRAM for a host tensor, nixl_memory_type for a device one).
+    kinds = sorted(set(nixl_worker.region_mem_types)) or ["nothing"]
+    host = nixl_worker.use_host_buffer
+    if kinds != [plan.nixl_memory] or host:
         raise ClusterError(
-            f"{who}: vLLM registered its KV caches as {got[0]} (host buffer {got[1]}); "
+            f"{who}: vLLM registered its KV caches as {'+'.join(kinds)} (host buffer {host}); "
             f"device {plan.device} expects {plan.nixl_memory} without a host buffer"
         )
 
