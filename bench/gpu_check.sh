@@ -36,8 +36,10 @@ set +e
 timeout 2400 kvspec conform --driver vllm --device cuda --json "$OUT_DIR/conform-cuda.json"
 rc=$?
 echo "== kvspec conform exit $rc"
-# The design verdicts (stall replayed; fix-53903 follows `fixed`) on VRAM caches.
-timeout 900 python -m pytest -q "$ROOT/conformance/test_vllm_verdicts.py" --device cuda \
+# VRAM registration and a READ on the GPU, then the design verdicts (stall replayed;
+# fix-53903 follows `fixed`) on VRAM caches.
+timeout 900 python -m pytest -q "$ROOT/conformance/test_vllm_device.py" \
+  "$ROOT/conformance/test_vllm_verdicts.py" --device cuda \
   -rs --junitxml="$OUT_DIR/junit-cuda-verdicts.xml"
 vrc=$?
 echo "== verdict tests exit $vrc"

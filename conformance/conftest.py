@@ -53,3 +53,18 @@ def replay_extra(config: pytest.Config) -> str:
         if v and not (opt == "--device" and v == "cpu"):
             parts.append(f"{opt} {v}")
     return " ".join(parts)
+
+
+@pytest.fixture(scope="module")
+def device(pytestconfig: pytest.Config) -> str:
+    """--device for tests that build the vllm driver themselves (cpu here, cuda on a GPU
+    runner); skipped with the reason when vLLM or the device cannot run here."""
+    pytest.importorskip("vllm")
+    from kvspec.drivers.vllm_cluster import DriverUnavailable, check_device
+
+    dev = str(pytestconfig.getoption("--device"))
+    try:
+        check_device(dev)
+    except DriverUnavailable as exc:
+        pytest.skip(f"vllm driver unavailable on {dev}: {exc}")
+    return dev

@@ -15,20 +15,6 @@ from kvspec.conformance import INCORRECT, TRACES_DIR, load_trace, replay
 pytestmark = pytest.mark.vllm
 
 
-@pytest.fixture(scope="module")
-def device(pytestconfig: pytest.Config) -> str:
-    """--device (cpu here; cuda on a GPU runner), skipped with the reason if unusable."""
-    pytest.importorskip("vllm")
-    from kvspec.drivers.vllm_cluster import DriverUnavailable, check_device
-
-    dev = str(pytestconfig.getoption("--device"))
-    try:
-        check_device(dev)
-    except DriverUnavailable as exc:
-        pytest.skip(f"vllm driver unavailable on {dev}: {exc}")
-    return dev
-
-
 def _replay(name: str, patch: str | None, device: str) -> object:
     from kvspec.drivers.vllm_driver import VllmDriver
 

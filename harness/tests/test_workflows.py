@@ -180,7 +180,9 @@ def test_gpu_workflow() -> None:
     assert "kvspec review" in scripts and "--no-index" in scripts
     # A runner without a usable GPU fails before conformance instead of skipping to green.
     assert scripts.index("kvspec doctor --require vllm-cuda") < scripts.index("kvspec conform")
-    assert "conformance/test_vllm_verdicts.py --device cuda" in scripts
+    assert "conformance/test_vllm_device.py conformance/test_vllm_verdicts.py --device cuda" in (
+        scripts
+    )
 
 
 def test_gpu_check_script() -> None:
