@@ -202,7 +202,8 @@ def vllm_api() -> SimpleNamespace:
     from vllm.platforms import current_platform
 
     # Only the process group is built from this config; its device is the platform's.
-    boot = "cuda" if current_platform.device_type == "cuda" else "cpu"
+    on_gpu = current_platform.device_type == "cuda" and api.torch.cuda.is_available()
+    boot = "cuda" if on_gpu else "cpu"
     cfg = _vllm_config(api, "kv_producer", "kvspec-boot", "nixl", 1, 1, 1, 1, False, boot)
     with api.set_current_vllm_config(cfg):
         api.init_distributed_environment(
