@@ -5,7 +5,8 @@ Per row, TLC runs as few times as the verdicts allow:
   liveness run explores the whole state graph anyway, so checking the invariants in it
   costs almost nothing and saves a JVM and a second exploration per row. If it passes,
   all of them hold; if anything fails, they are all decided again the per-property way
-  below, so an unexpected verdict is always found by a run of its own;
+  below, so an unexpected verdict is always found by a run of its own (a timeout is the
+  exception: the temporal properties keep it, and only the invariants are run again);
 * safety: one run with every invariant still undecided; a violated invariant is recorded
   (with its counterexample) and dropped, and TLC runs again until the rest hold;
 * liveness: one run with every temporal property expected to hold (if it passes, all
@@ -155,6 +156,12 @@ def check_joint(row: ModelRow, work: Path) -> tuple[list[PropertyResult], list[s
     if not invariants or not temporal:
         return [], every
     res = _run(row, invariants, temporal, work)
+    if res.verdict == "timeout":
+        # Checking the temporal properties alone costs at least what the joint run did, so
+        # running them again would only double the wait: they time out here, and only the
+        # invariants (a cheaper safety run) are decided again.
+        timed_out = _failed(row, temporal, res)
+        return timed_out, [p for p in every if p not in temporal]
     if res.verdict != "holds":
         return [], every
     held = [

@@ -71,3 +71,21 @@ def test_wrong_expectation_falls_back_and_reports_the_true_verdict(tmp_path: Pat
     bad = results["HandshakeIdentityUnique"]
     assert not bad.ok and bad.counterexample is not None
     assert [p for p, r in results.items() if not r.ok] == ["HandshakeIdentityUnique"]
+
+
+@needs_java
+def test_joint_timeout_is_not_waited_for_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # TP2 x PCP2 + delaying: safety explores its 39k states in ~4 s, liveness needs ~50 s.
+    from kvspec import check
+    from kvspec.matrix import find_row
+
+    row = find_row(load_matrix(), "pcp2-tp2-fixed-offload-delaying")
+    monkeypatch.setattr(check, "TIMEOUT_S", 15.0)
+    results = {r.prop: r.verdict for r in check_row(row, tmp_path)}
+    assert results == {
+        p: ("timeout" if p in ("DelayedEventuallyFreed", "NoStall") else "holds")
+        for p in row.expect
+    }
+    assert len(list((tmp_path / row.name / "tlc").iterdir())) == 2  # joint + safety only
