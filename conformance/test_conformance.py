@@ -31,11 +31,8 @@ def test_trace(
     trace_path: Path, make_driver: DriverFactory, driver_name: str, request: pytest.FixtureRequest
 ) -> None:
     trace = load_trace(trace_path)
-    driver = make_driver(trace.row)
-    try:
+    with make_driver(trace.row) as driver:
         result = replay(driver, trace)
-    finally:
-        driver.close()
     if result.failure is not None:
         cmd = replay_command(trace.name, driver_name, replay_extra(request.config))
         pytest.fail(result.failure.format(trace.name, cmd), pytrace=False)

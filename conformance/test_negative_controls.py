@@ -75,11 +75,8 @@ def traces_of(model: str) -> list[SpecTrace]:
 def run_all(driver_cls: type[ReferenceDriver], traces: list[SpecTrace]) -> list[ReplayResult]:
     out = []
     for t in traces:
-        d = driver_cls(t.row)
-        try:
+        with driver_cls(t.row) as d:
             out.append(replay(d, t))
-        finally:
-            d.close()
     return out
 
 

@@ -110,11 +110,8 @@ def test_random_walks(
     def check(walk: tuple[ModelRow, list[Action]]) -> None:
         row, actions = walk
         trace = trace_from_actions(row, actions, f"{row.name}/walk")
-        driver = make_driver(row)
-        try:
+        with make_driver(row) as driver:
             result = replay(driver, trace)
-        finally:
-            driver.close()
         assert result.failure is None, result.failure.format(
             trace.name + " [" + ", ".join(map(str, actions)) + "]"
         )

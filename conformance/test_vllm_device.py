@@ -29,29 +29,32 @@ def _row(comp: str, pcp: int) -> ModelRow:
     "comp", ["nixl", "multi-nixl-offload-upstream", "multi-nixl-offload-delaying"]
 )
 def test_caches_live_and_are_registered_where_the_device_says(device: str, comp: str) -> None:
-    from kvspec.drivers.vllm_cluster import device_plan
+    from kvspec.drivers.vllm_cluster import DEVICES, ClusterError, _check_registration, device_plan
     from kvspec.drivers.vllm_driver import VllmDriver
 
     plan = device_plan(device)
-    d = VllmDriver(_row(comp, 2), device=device, impl_patch="fix-53903")
-    try:
+    (other,) = set(DEVICES) - {device}
+    with VllmDriver(_row(comp, 2), device=device, impl_patch="fix-53903") as d:
         c = d.c
         for w in range(c.world_size):
             assert set(c.nixl_worker(w).region_mem_types) == {plan.nixl_memory}
             assert not c.nixl_worker(w).use_host_buffer
             assert {t.device.type for t in c.caches[w].values()} == {device}
+            # Negative control: the cluster's own check refuses this worker under the
+            # other device's plan (so it would catch vLLM staging or mis-registering).
+            with pytest.raises(
+                ClusterError, match=f"registered its KV caches as {plan.nixl_memory}"
+            ):
+                _check_registration(c.nixl_worker(w), device_plan(other), f"rank {w}")
         for t in range(len(c.consumers)):
             assert set(c.consumers[t].connector_worker.region_mem_types) == {plan.nixl_memory}
             assert {x.device.type for x in c.consumers_caches[t].values()} == {device}
-    finally:
-        d.close()
 
 
 def test_read_moves_the_producer_bytes_on_the_device(device: str) -> None:
     from kvspec.drivers.vllm_driver import VllmDriver
 
-    d = VllmDriver(_row("nixl", 1), device=device)
-    try:
+    with VllmDriver(_row("nixl", 1), device=device) as d:
         for a in ("schedule", "execute_model", "update_from_output") * 2:
             d.step(Action.parse(a))
         d.step(Action.parse("consumer_start_load_kv(1, 0)"))
@@ -62,5 +65,3 @@ def test_read_moves_the_producer_bytes_on_the_device(device: str) -> None:
             got, sent = cache[rd.local_block], d.c.caches[0][name][rd.remote_block]
             assert got.device.type == device and torch.equal(got, sent)
             assert bool(sent.abs().sum() > 0)  # a zero block would match an unread one
-    finally:
-        d.close()

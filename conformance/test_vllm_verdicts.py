@@ -19,11 +19,8 @@ def _replay(name: str, patch: str | None, device: str) -> object:
     from kvspec.drivers.vllm_driver import VllmDriver
 
     trace = load_trace(TRACES_DIR / f"{name}.itf.json")
-    driver = VllmDriver(trace.row, device=device, impl_patch=patch)
-    try:
+    with VllmDriver(trace.row, device=device, impl_patch=patch) as driver:
         return replay(driver, trace)
-    finally:
-        driver.close()
 
 
 def test_shipped_vllm_replays_the_stall_counterexample(device: str) -> None:

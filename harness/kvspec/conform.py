@@ -82,11 +82,8 @@ def conform(
             continue
         res.traces += 1
         res.models.add(trace.row.name)
-        driver = factory(trace.row)
-        try:
+        with factory(trace.row) as driver:
             result = replay(driver, trace)
-        finally:
-            driver.close()
         if result.failure is None:
             res.conforming += 1
         elif res.first_divergence is None:

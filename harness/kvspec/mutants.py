@@ -865,12 +865,11 @@ def run_traces(traces: list[SpecTrace], device: str = "cpu") -> tuple[str | None
         except DriverUnavailable:
             continue
         try:
-            res = replay(driver, t)
+            with driver:
+                res = replay(driver, t)
         except Exception as exc:  # the mutant crashed vLLM: a kill; the cluster is suspect
-            driver.close()
             shutdown_pool()
             return t.name, None, f"{type(exc).__name__}: {exc}"
-        driver.close()
         if res.failure is not None:
             return t.name, res.failure, ""
     return None, None, ""

@@ -73,9 +73,8 @@ PREFILL = ("schedule", "execute_model", "update_from_output")
 
 @pytest.fixture
 def nixl1() -> Iterator[VllmDriver]:
-    d = VllmDriver(row())
-    yield d
-    d.close()
+    with VllmDriver(row()) as d:
+        yield d
 
 
 def test_p_to_d_transfer_bytes_and_free(nixl1: VllmDriver) -> None:
@@ -99,8 +98,7 @@ def test_p_to_d_transfer_bytes_and_free(nixl1: VllmDriver) -> None:
 
 
 def test_shipped_pcp_rank1_report_is_cleared_and_stalls() -> None:
-    d = VllmDriver(row(pcp=2, n=1, cap=1))
-    try:
+    with VllmDriver(row(pcp=2, n=1, cap=1)) as d:
         run(d, *PREFILL, "schedule")
         so = d.steps[0].so
         rank1 = d.c.workers[1]
@@ -114,33 +112,24 @@ def test_shipped_pcp_rank1_report_is_cleared_and_stalls() -> None:
         assert res.finished_sending == set()
         assert d.c.nixl_worker(1)._replicated_pcp_done_sending == set()
         assert d.c.workers[1].get_handshake_metadata() is None
-    finally:
-        d.close()
-    d = VllmDriver(row(pcp=2, n=1, cap=1))
-    try:
+    with VllmDriver(row(pcp=2, n=1, cap=1)) as d:
         run(d, *PREFILL, *PREFILL, "consumer_start_load_kv(1, 0)")
         run(d, "consumer_get_finished(1, 0)", *PREFILL, *PREFILL)
         obs = d.observe()
         assert obs["agg"] == (1,)  # rank 0 reported; rank 1 never will
         assert obs["req"] == ("sending",)  # the v0.30-shipped stall: blocks held forever
-    finally:
-        d.close()
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlBaseConnector
 
     shipped = NixlBaseConnector.get_transfer_results
-    d = VllmDriver(row(pcp=2, n=1, cap=1, variant="fixed"), impl_patch="fix-53903")
-    try:
+    with VllmDriver(row(pcp=2, n=1, cap=1, variant="fixed"), impl_patch="fix-53903") as d:
         run(d, *PREFILL, *PREFILL, "consumer_start_load_kv(1, 0)")
         run(d, "consumer_get_finished(1, 0)", *PREFILL)
         assert d.observe()["req"] == ("freed",)
-    finally:
-        d.close()
     assert NixlBaseConnector.get_transfer_results is shipped  # undone at close
 
 
 def test_abort_path() -> None:
-    d = VllmDriver(row(n=2, cap=1))
-    try:
+    with VllmDriver(row(n=2, cap=1)) as d:
         run(d, "schedule", "abort(1)")
         obs = d.observe()
         assert obs["req"] == ("freed", "waiting") and obs["notProc"] == frozenset({1})
@@ -149,13 +138,10 @@ def test_abort_path() -> None:
         assert isinstance(step, Record) and step["notProc"] == frozenset({1})
         with pytest.raises(MissingAction):
             d.step(Action("abort", 1))
-    finally:
-        d.close()
 
 
 def test_lease_expiry_reaps_and_heartbeat_extends() -> None:
-    d = VllmDriver(row(n=2, cap=2))
-    try:
+    with VllmDriver(row(n=2, cap=2)) as d:
         run(d, *PREFILL, *PREFILL, "lease_expire(1, 0)")
         assert fn(d.observe()["expired"])[0] == frozenset({1})
         assert Action("consumer_start_load_kv", 1, 0) not in d.enabled()
@@ -166,8 +152,6 @@ def test_lease_expiry_reaps_and_heartbeat_extends() -> None:
         obs = d.observe()
         assert obs["req"] == ("sending", "freed")  # 2 reaped as expired and freed
         assert obs["hb"] == frozenset({1, 2})
-    finally:
-        d.close()
 
 
 class DropsRank1(VllmDriver):
@@ -226,16 +210,12 @@ def _lockstep(rw: ModelRow, impl: VllmDriver, seed: int, depth: int = 30) -> str
 )
 def test_conforms_to_reference_on_random_walks(rw: ModelRow, patch: str | None) -> None:
     for seed in range(6):
-        d = VllmDriver(rw, impl_patch=patch)
-        try:
+        with VllmDriver(rw, impl_patch=patch) as d:
             assert _lockstep(rw, d, seed) is None, f"seed {seed}"
-        finally:
-            d.close()
 
 
 def test_tp2_each_consumer_reads_its_tp_rank() -> None:
-    d = VllmDriver(row("nixl", tp=2, n=1, cap=1))
-    try:
+    with VllmDriver(row("nixl", tp=2, n=1, cap=1)) as d:
         assert [c.connector_worker.tp_rank for c in d.c.consumers] == [0, 1]
         assert [d.c.nixl_worker(w).tp_rank for w in range(2)] == [0, 1]
         agents = [set(c.connector_worker._remote_agents[d.c.engine_id]) for c in d.c.consumers]
@@ -250,14 +230,11 @@ def test_tp2_each_consumer_reads_its_tp_rank() -> None:
         assert d.observe()["agg"] == (1,)  # rank 1 reported; rank 0 (not read yet) has not
         run(d, "consumer_start_load_kv(1, 0)", "consumer_get_finished(1, 0)", *PREFILL)
         assert d.observe()["req"] == ("freed",)
-    finally:
-        d.close()
 
 
 def test_upstream_offload_never_delays_and_aggregator_expects_world_size() -> None:
     rw = row("multi-nixl-offload-upstream", pcp=2, n=2, cap=1, variant="fixed")
-    d = VllmDriver(rw, impl_patch="fix-53903")
-    try:
+    with VllmDriver(rw, impl_patch="fix-53903") as d:
         off = d.sched.connector._connectors[1]
         assert type(off).__name__ == "OffloadingConnector"  # vLLM's own, unpatched
         assert off.get_finished_count() is None
@@ -276,14 +253,11 @@ def test_upstream_offload_never_delays_and_aggregator_expects_world_size() -> No
         assert d.offload_delays == {1: False, 2: False}  # request_finished never delays
         assert fn(obs["extra"]) == {0: frozenset(), 1: frozenset()}  # no extra_async_saves
         assert fn(obs["store"]) == {0: frozenset(), 1: frozenset()}
-    finally:
-        d.close()
 
 
 def test_negative_control_broken_driver_is_caught() -> None:
     rw = row("multi-nixl-offload-delaying", pcp=2, n=1, cap=1, variant="fixed")
-    d = DropsRank1(rw, impl_patch="fix-53903")
-    try:
+    with DropsRank1(rw, impl_patch="fix-53903") as d:
         from kvspec.drivers.reference import ReferenceDriver
 
         ref = ReferenceDriver(rw)
@@ -292,8 +266,6 @@ def test_negative_control_broken_driver_is_caught() -> None:
             ref.step(Action.parse(a))
             d.step(Action.parse(a))
         assert ref.observe()["steps"] != d.observe()["steps"]  # rank 1's report is missing
-    finally:
-        d.close()
 
 
 def _fds() -> int:
@@ -315,22 +287,7 @@ def test_no_leak_over_50_lifecycles() -> None:
     assert _fds() <= fds + 2
 
 
-def test_cpu_caches_are_registered_as_dram(nixl1: VllmDriver) -> None:
-    from kvspec.drivers.vllm_cluster import ClusterError, _check_registration, device_plan
-
-    c = nixl1.c
-    for nw in [c.nixl_worker(w) for w in range(c.world_size)]:
-        assert nw.region_mem_types and set(nw.region_mem_types) == {"DRAM"}
-        assert not nw.use_host_buffer
-        _check_registration(nw, device_plan("cpu"), "rank")
-        # Negative control: the same worker is refused under the CUDA plan.
-        with pytest.raises(ClusterError, match="registered its KV caches as DRAM"):
-            _check_registration(nw, device_plan("cuda"), "rank")
-
-
-@pytest.mark.skipif(
-    vllm_cluster.vllm_api().torch.cuda.is_available(), reason="this host has CUDA"
-)
+@pytest.mark.skipif(vllm_cluster.vllm_api().torch.cuda.is_available(), reason="this host has CUDA")
 def test_cuda_device_is_refused_with_its_reason_and_builds_nothing(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

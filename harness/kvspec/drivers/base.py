@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Self
 
 from kvspec.matrix import ModelRow
 from kvspec.tlcvalue import Value
@@ -112,6 +113,12 @@ class Driver(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook; pure models hold no resources
         """Release every resource (agents, sockets, threads). Idempotent."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # One method per spec action; drivers override all of them.
     @abstractmethod

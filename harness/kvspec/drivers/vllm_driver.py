@@ -202,12 +202,6 @@ class VllmDriver(Driver):
             except Exception:
                 discard(cl)
 
-    def __enter__(self) -> VllmDriver:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def _nixl_sched(self) -> Any:
         conn = self.sched.connector
         if self.row.composition != "nixl":
