@@ -875,30 +875,15 @@ def run_traces(traces: list[SpecTrace], device: str = "cpu") -> tuple[str | None
     return None, None, ""
 
 
-@contextmanager
-def clean_clusters(traces: list[SpecTrace], device: str = "cpu") -> Iterator[None]:
-    """Discard every cluster built while a mutant was applied (a mutant can poison
-    set-up, e.g. the handshake the consumer caches), so no mutant leaks into the next.
-    Clusters are built lazily: a mutant's effect on set-up is part of what is tested, and
-    pre-building every shape cost a minute per mutant even when the first trace kills it."""
-    from kvspec.drivers import vllm_cluster
-
-    before = {id(c) for c in vllm_cluster._LIVE}
-    try:
-        yield
-    finally:
-        for c in list(vllm_cluster._LIVE):
-            if id(c) not in before:
-                vllm_cluster.discard(c)
-                for idle in vllm_cluster._POOL.values():
-                    if c in idle:
-                        idle.remove(c)
-
-
 def run_mutant(mutant: Mutant, device: str = "cpu", traces_dir: Path | None = None) -> Outcome:
     t0 = time.perf_counter()
     traces, _ = base_traces(mutant.base[0], traces_dir)
-    with clean_clusters(traces, device), applied(mutant):
+    from kvspec.drivers.vllm_cluster import discard_built_inside
+
+    # Clusters are built lazily, under the mutant: its effect on set-up is part of what is
+    # tested (pre-building every shape cost a minute per mutant even when the first trace
+    # kills it), so they must not outlive it.
+    with discard_built_inside(), applied(mutant):
         name, div, crash = run_traces(traces, device)
     secs = time.perf_counter() - t0
     if crash:

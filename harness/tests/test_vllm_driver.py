@@ -300,3 +300,17 @@ def test_cuda_device_is_refused_with_its_reason_and_builds_nothing(
     assert cli.main(["conform", "--driver", "vllm", "--device", "cuda"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("kvspec conform: the vllm driver is unavailable on cuda: ")
+
+
+def test_clusters_built_inside_a_mutant_scope_do_not_survive_it() -> None:
+    with VllmDriver(row()) as d:
+        kept = d.c
+    with vllm_cluster.discard_built_inside():
+        with VllmDriver(row()) as d:  # reuses the pooled cluster: built outside, kept
+            assert d.c is kept
+        with VllmDriver(row(n=1, cap=1)) as d:  # a new shape: built inside
+            fresh = d.c
+        assert fresh in vllm_cluster._POOL[fresh.key]  # released to the pool ...
+    assert fresh.closed and fresh not in vllm_cluster._LIVE  # ... and discarded from it
+    assert fresh not in vllm_cluster._POOL[fresh.key]
+    assert not kept.closed and kept in vllm_cluster._POOL[kept.key]

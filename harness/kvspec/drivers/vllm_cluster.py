@@ -728,9 +728,25 @@ def release(cluster: Cluster) -> None:
 
 
 def discard(cluster: Cluster) -> None:
+    """Tear `cluster` down and forget it, whether in use or idle in the pool."""
     cluster.shutdown()
     if cluster in _LIVE:
         _LIVE.remove(cluster)
+    idle = _POOL.get(cluster.key, [])
+    if cluster in idle:
+        idle.remove(cluster)
+
+
+@contextlib.contextmanager
+def discard_built_inside() -> Iterator[None]:
+    """Discard, on leaving, every cluster built inside the block: one built while vLLM was
+    patched (a mutant) may carry the patch in its set-up, e.g. a cached handshake."""
+    before = list(_LIVE)
+    try:
+        yield
+    finally:
+        for c in [c for c in _LIVE if c not in before]:
+            discard(c)
 
 
 def shutdown_pool() -> None:
