@@ -61,7 +61,7 @@ def test_read_moves_the_producer_bytes_on_the_device(device: str) -> None:
         d.step(Action.parse("consumer_get_finished(1, 0)"))  # TransferCorrupted on mismatch
         rd = d.reads[(1, 0)]
         torch = d.c.api.torch
-        for name, cache in d.c.consumer_caches.items():
+        for name, cache in d.c.consumers_caches[0].items():
             got, sent = cache[rd.local_block], d.c.caches[0][name][rd.remote_block]
             assert got.device.type == device and torch.equal(got, sent)
             assert bool(sent.abs().sum() > 0)  # a zero block would match an unread one

@@ -13,6 +13,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 VARIANTS = ("v0.29", "v0.30-shipped", "fixed", "naive-replicas")
 COMPOSITIONS = ("nixl", "multi-nixl-offload-upstream", "multi-nixl-offload-delaying")
@@ -46,6 +47,18 @@ class Topology:
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.pcp
+
+    def rank_coords(self, w: int) -> RankCoords:
+        """Spec rank w's place: KVCompletion.tla's PpOf, TpOf, PcpOf (pcp innermost)."""
+        return RankCoords(
+            pp=w // (self.pcp * self.tp), tp=(w // self.pcp) % self.tp, pcp=w % self.pcp
+        )
+
+
+class RankCoords(NamedTuple):
+    pp: int
+    tp: int
+    pcp: int
 
 
 @dataclass(frozen=True)
@@ -99,7 +112,7 @@ def _row(raw: dict[str, object], defaults: dict[str, object], where: str) -> Mod
     merged = {**defaults, **raw}
     name = merged.get("name")
     if not isinstance(name, str) or not name:
-        raise MatrixError(f"{where}: every [[model]] needs a non-empty name = \"...\"")
+        raise MatrixError(f'{where}: every [[model]] needs a non-empty name = "..."')
     variant = merged.get("variant")
     if variant not in VARIANTS:
         raise MatrixError(f"{where}: variant {variant!r} unknown; use one of {', '.join(VARIANTS)}")
@@ -119,7 +132,7 @@ def _row(raw: dict[str, object], defaults: dict[str, object], where: str) -> Mod
     expect: dict[str, str] = {}
     for src in (defaults.get("expect", {}), raw.get("expect", {})):
         if not isinstance(src, dict):
-            raise MatrixError(f"{where}: expect must be a table of property = \"holds\"|...")
+            raise MatrixError(f'{where}: expect must be a table of property = "holds"|...')
         for prop, verdict in src.items():
             if prop not in PROPERTIES:
                 raise MatrixError(

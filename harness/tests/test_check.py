@@ -89,3 +89,13 @@ def test_joint_timeout_is_not_waited_for_twice(
         for p in row.expect
     }
     assert len(list((tmp_path / row.name / "tlc").iterdir())) == 2  # joint + safety only
+
+
+def test_rank_coords_follow_the_spec_layout() -> None:
+    # KVCompletion.tla: PcpOf(w) == w % PCP, TpOf(w) == (w \div PCP) % TP,
+    # PpOf(w) == w \div (PCP * TP); the driver builds worker w at these coordinates.
+    topo = Topology(tp=2, pp=2, pcp=3)
+    coords = [topo.rank_coords(w) for w in range(topo.world_size)]
+    assert len(set(coords)) == topo.world_size
+    assert [c.pcp for c in coords[:4]] == [0, 1, 2, 0]
+    assert coords[3] == (0, 1, 0) and coords[6] == (1, 0, 0)

@@ -86,7 +86,7 @@ def test_p_to_d_transfer_bytes_and_free(nixl1: VllmDriver) -> None:
     run(d, "consumer_get_finished(1, 0)")  # raises TransferCorrupted on a byte mismatch
     rd = d.reads[(1, 0)]
     torch = d.c.api.torch
-    for name, t in d.c.consumer_caches.items():
+    for name, t in d.c.consumers_caches[0].items():
         assert torch.equal(t[rd.local_block], d.c.caches[0][name][rd.remote_block])
         assert bool(t[rd.local_block].abs().sum() > 0)
     free_before = d.sched.kv_cache_manager.block_pool.get_num_free_blocks()

@@ -44,6 +44,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from kvspec.matrix import Topology
+
 FIXTURE_MODEL = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "tiny-opt"
 BLOCK_SIZE = 32
 NUM_LAYERS = 2
@@ -425,6 +427,10 @@ class ClusterKey:
     async_scheduling: bool
     device: str
 
+    @property
+    def topology(self) -> Topology:
+        return Topology(self.tp, self.pp, self.pcp)
+
 
 _SEQ = itertools.count()
 
@@ -452,20 +458,11 @@ class Cluster:
 
     @property
     def world_size(self) -> int:
-        return self.key.tp * self.key.pp * self.key.pcp
-
-    @property
-    def consumer(self) -> Any:
-        """The TP-rank-0 consumer worker (the only one when tp = 1)."""
-        return self.consumers[0]
-
-    @property
-    def consumer_caches(self) -> dict[str, Any]:
-        return self.consumers_caches[0]
+        return self.key.topology.world_size
 
     def consumer_of(self, w: int) -> int:
         """The consumer (its index, = its TP rank) that reads from producer rank w."""
-        return (w // self.key.pcp) % self.key.tp
+        return self.key.topology.rank_coords(w).tp
 
     def nixl(self, w: int) -> Any:
         """The NIXL connector (the MultiConnector's first child) of rank w."""
@@ -552,7 +549,7 @@ def build_cluster(key: ClusterKey) -> Cluster:
     port = free_port()
     os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(port)
     os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "127.0.0.1"
-    W = key.tp * key.pp * key.pcp
+    W = key.topology.world_size
     cfg = _vllm_config(
         api,
         "kv_producer",
@@ -573,7 +570,8 @@ def build_cluster(key: ClusterKey) -> Cluster:
     inboxes: list[NotifInbox] = []
     gen = api.torch.Generator().manual_seed(1234 + n)
     for w in range(W):
-        tp_rank = (w // key.pcp) % key.tp
+        coords = key.topology.rank_coords(w)
+        tp_rank = coords.tp
         cfg.parallel_config.rank = w  # read once, by the offloading spec's config
         with api.set_current_vllm_config(cfg), _keep_affinity(), tp_identity(tp_rank, key.tp):
             conn = api.KVConnectorFactory.create_connector(
@@ -581,8 +579,8 @@ def build_cluster(key: ClusterKey) -> Cluster:
             )
         nixl = conn if key.composition == "nixl" else conn._connectors[0]
         nw = nixl.connector_worker
-        # Rank identity (spec layout: pcp innermost); vLLM reads it from the PCP group.
-        nw.pcp_rank = w % key.pcp
+        # Rank identity (spec layout); vLLM reads it from the PCP group.
+        nw.pcp_rank = coords.pcp
         nw.pcp_dcp_sharded = False
         if key.composition == "multi-nixl-offload-delaying":
             conn._connectors[1].rank = w
@@ -621,7 +619,8 @@ def build_cluster(key: ClusterKey) -> Cluster:
     for w, conn in enumerate(workers):
         h = conn.get_handshake_metadata()
         if h is not None:
-            md[(w // (key.pcp * key.tp), (w // key.pcp) % key.tp)] = h
+            coords = key.topology.rank_coords(w)
+            md[(coords.pp, coords.tp)] = h
     listener.set_xfer_handshake_metadata_pp_aware(md)
     # Decode side: one consumer worker per TP rank (D has tp = P's tp, pp = 1, pcp = 1),
     # each its own agent and caches; each handshakes with the producer rank(s) its

@@ -223,15 +223,17 @@ class VllmDriver(Driver):
 
     def _read_sources(self) -> set[int]:
         """Ranks whose handshake the consumer holds: (pp, tp) -> the publishing rank."""
-        P, T = self.row.topology.pcp, self.row.topology.tp
-        out = set()
-        for cons in self.c.consumers:
-            agents = cons.connector_worker._remote_agents.get(self.c.engine_id, {})
-            for pp, tp in agents:
-                for w in range(self.W):
-                    if w // (P * T) == pp and (w // P) % T == tp and self._published(w):
-                        out.add(w)
-        return out
+        held = {
+            pp_tp
+            for cons in self.c.consumers
+            for pp_tp in cons.connector_worker._remote_agents.get(self.c.engine_id, {})
+        }
+        topo = self.row.topology
+        return {
+            w
+            for w in range(self.W)
+            if tuple(topo.rank_coords(w))[:2] in held and self._published(w)
+        }
 
     def _has_requests(self) -> bool:
         # Scheduler.has_requests() is also true for one more step after the last request
