@@ -174,11 +174,11 @@ def check_joint(row: ModelRow, work: Path) -> tuple[list[PropertyResult], list[s
 
 
 def check_safety(
-    row: ModelRow, work: Path, props: Sequence[str] | None = None
+    row: ModelRow, work: Path, only: Sequence[str] | None = None
 ) -> list[PropertyResult]:
-    pending = [p for p in INVARIANTS + REACHABILITY if p in row.expect]
-    if props is not None:
-        pending = [p for p in pending if p in props]
+    pending = [
+        p for p in INVARIANTS + REACHABILITY if p in row.expect and (only is None or p in only)
+    ]
     out: list[PropertyResult] = []
     while pending:
         res = _run(row, pending, [], work)

@@ -119,7 +119,6 @@ def add_doctor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _doctor_cmd(args: argparse.Namespace) -> int:
-
     from kvspec.jar import JAR_SHA256, JarError, jar_path
 
     report: dict[str, Any] = {"python": platform.python_version(), "ok": True}

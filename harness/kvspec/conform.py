@@ -24,7 +24,7 @@ from typing import Any
 
 from kvspec.conformance import TRACES_DIR, SpecTrace, load_trace, replay, trace_files
 from kvspec.drivers.base import Driver
-from kvspec.drivers.vllm_cluster import DriverUnavailable
+from kvspec.drivers.vllm_cluster import DriverUnavailable, check_device
 from kvspec.matrix import VARIANTS, ModelRow
 
 JSON = Any
@@ -55,7 +55,6 @@ def driver_factory(name: str, device: str = "cpu", impl_patch: str | None = None
 
         return ReferenceDriver
     if name == "vllm":
-        from kvspec.drivers.vllm_cluster import check_device
         from kvspec.drivers.vllm_driver import VllmDriver
 
         # Up front, so an unusable device is one "unavailable" line, not a failed trace each.

@@ -143,13 +143,13 @@ def reset_worker(connector: Any) -> None:
     )
 
     cw = connector.connector_worker
-    if cw.worker is not None and not isinstance(cw.worker, HeldStoreWorker):
+    if isinstance(cw.worker, HeldStoreWorker):
+        cw.worker.reset()
+    elif cw.worker is not None:
         drain_stock_worker(cw.worker)
     cw._unsubmitted_store_jobs.clear()
     cw._load_jobs.clear()
     cw._connector_worker_meta = OffloadingWorkerMetadata()
-    if isinstance(cw.worker, HeldStoreWorker):
-        cw.worker.reset()
 
 
 def drain_stock_worker(worker: Any) -> None:
