@@ -782,12 +782,12 @@ def extension_traces(variant: str) -> list[SpecTrace]:
 MAX_TRACES_PER_MODEL = 25
 
 
-def base_traces(variant: str, traces_dir: Path | None = None) -> tuple[list[SpecTrace], list[str]]:
+def base_traces(variant: str) -> tuple[list[SpecTrace], list[str]]:
     """The extension traces, then the committed traces of `variant` the vLLM driver can
     run (at most MAX_TRACES_PER_MODEL per model, shortest first, models interleaved so a
     kill anywhere is found early); and one reason line per skipped model."""
     found: dict[str, list[SpecTrace]] = defaultdict(list)
-    for p in trace_files(traces_dir) if traces_dir else trace_files():
+    for p in trace_files():
         t = load_trace(p)
         if t.row.variant == variant:
             found[t.row.name].append(t)
@@ -875,9 +875,13 @@ def run_traces(traces: list[SpecTrace], device: str = "cpu") -> tuple[str | None
     return None, None, ""
 
 
-def run_mutant(mutant: Mutant, device: str = "cpu", traces_dir: Path | None = None) -> Outcome:
+def run_mutant(
+    mutant: Mutant, device: str = "cpu", traces: list[SpecTrace] | None = None
+) -> Outcome:
+    """Replay `traces` (default: base_traces of the mutant's base) under the mutant."""
     t0 = time.perf_counter()
-    traces, _ = base_traces(mutant.base[0], traces_dir)
+    if traces is None:
+        traces = base_traces(mutant.base[0])[0]
     from kvspec.drivers.vllm_cluster import discard_built_inside
 
     # Clusters are built lazily, under the mutant: its effect on set-up is part of what is
@@ -893,15 +897,13 @@ def run_mutant(mutant: Mutant, device: str = "cpu", traces_dir: Path | None = No
     return Outcome(mutant, True, name, div.step, div.cls, secs, div.detail)
 
 
-def unmutated(
-    base: tuple[str, str | None], device: str = "cpu", *, extensions_only: bool = False
-) -> tuple[str | None, Any, str]:
-    """The base without a mutant: must replay every trace (no false kill)."""
+def unmutated(base: tuple[str, str | None], device: str = "cpu") -> tuple[str | None, Any, str]:
+    """The base without a mutant on the extension traces: must replay them all (no false
+    kill). The committed traces run unmutated in the conformance suite already."""
     _, patch = base
     undo = get_patch(patch).apply() if patch else None
-    traces = extension_traces(base[0]) if extensions_only else base_traces(base[0])[0]
     try:
-        return run_traces(traces, device)
+        return run_traces(extension_traces(base[0]), device)
     finally:
         if undo is not None:
             undo()
@@ -949,17 +951,22 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        from kvspec.drivers.vllm_cluster import vllm_api
+        from kvspec.drivers.vllm_cluster import check_device
 
-        vllm_api()
-    except Exception as exc:
-        print(f"kvspec mutants: the vllm driver is unavailable: {exc}", file=sys.stderr)
+        check_device(args.device)
+    except Exception as exc:  # DriverUnavailable, or vLLM/NIXL failing to import
+        print(
+            f"kvspec mutants: the vllm driver is unavailable on {args.device}: {exc}",
+            file=sys.stderr,
+        )
         return 2
-    skipped = sorted({s for m in names for s in base_traces(MUTANTS[m].base[0])[1]})
+    # base_traces reads every committed trace: once per base variant, not per mutant.
+    bases = {v: base_traces(v) for v in sorted({MUTANTS[n].base[0] for n in names})}
+    skipped = sorted({s for _, why in bases.values() for s in why})
     for s in skipped:
         print(f"skipped {s}", file=sys.stderr)
     t0 = time.perf_counter()
-    outcomes = [run_mutant(MUTANTS[n], args.device) for n in names]
+    outcomes = [run_mutant(MUTANTS[n], args.device, bases[MUTANTS[n].base[0]][0]) for n in names]
     _table(outcomes)
     print(f"total {time.perf_counter() - t0:.1f}s")
     if args.json:

@@ -84,7 +84,7 @@ def test_unmutated_vllm_passes_the_extension_traces(base: tuple[str, str | None]
     """No false kill. The committed traces of both bases already run on the unmutated
     vLLM in the conformance suite (make test); the campaign's own extension traces don't."""
     _vllm()
-    trace, div, crash = unmutated(base, extensions_only=True)
+    trace, div, crash = unmutated(base)
     assert (trace, div, crash) == (None, None, ""), f"false kill on {trace}: {div} {crash}"
 
 
