@@ -9,7 +9,7 @@ import argparse
 import time
 
 from kvspec.conform import driver_factory
-from kvspec.conformance import load_trace, replay, trace_files
+from kvspec.replay import load_trace, replay, trace_files
 
 
 def bench(name: str, limit: int | None) -> tuple[int, int, float, int] | str:

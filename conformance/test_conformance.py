@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import DriverFactory, replay_extra
-from kvspec.conformance import load_trace, replay, replay_command, trace_files
+from kvspec.replay import load_trace, replay, replay_command, trace_files
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

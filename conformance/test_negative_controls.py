@@ -8,7 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kvspec.conformance import (
+from kvspec.drivers.base import MissingAction
+from kvspec.drivers.broken import DropRankDriver, OffByOneDriver
+from kvspec.drivers.reference import ReferenceDriver
+from kvspec.matrix import ModelRow
+from kvspec.model import Action
+from kvspec.replay import (
     INCORRECT,
     MISSING,
     UNEXPECTED,
@@ -18,28 +23,9 @@ from kvspec.conformance import (
     replay,
     trace_files,
 )
-from kvspec.drivers.base import Action, MissingAction
-from kvspec.drivers.broken import DropLastRankModel
-from kvspec.drivers.reference import Model, ReferenceDriver
-from kvspec.matrix import ModelRow
 
 TRACES = Path(__file__).parent / "traces"
 PCP2 = "conf-fixed-nixl-pcp2"  # fixed design, PCP=2: both ranks report every send
-
-
-class DropRankDriver(ReferenceDriver):
-    model_class = DropLastRankModel
-
-
-class OffByOneModel(Model):
-    """The aggregator's expected count is one lower than get_finished_count implies."""
-
-    def expected(self) -> int:
-        return self.p.expected - 1 or 1
-
-
-class OffByOneDriver(ReferenceDriver):
-    model_class = OffByOneModel
 
 
 class RefusesHeartbeat(ReferenceDriver):
@@ -53,7 +39,7 @@ class WrongRankExpiry(ReferenceDriver):
     """Expires the lease on another rank than asked (when that one is possible)."""
 
     def lease_expire(self, r: int, w: int) -> None:
-        for other in range(self.model.p.w):
+        for other in range(self.model.d.w):
             if other != w and Action("lease_expire", r, other) in self.enabled():
                 self._do(Action("lease_expire", r, other))
                 return
@@ -129,7 +115,7 @@ def test_extra_enabled_is_unexpected_action(pcp2: list[SpecTrace]) -> None:
 
 
 def test_failure_message_names_class_step_and_replay(pcp2: list[SpecTrace]) -> None:
-    from kvspec.conformance import replay_command
+    from kvspec.replay import replay_command
 
     bad = next(r for r in run_all(OffByOneDriver, pcp2) if r.failure)
     assert bad.failure is not None

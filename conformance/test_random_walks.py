@@ -18,10 +18,9 @@ from conftest import DriverFactory
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
-from kvspec.conformance import replay, trace_from_actions
-from kvspec.drivers.base import Action
-from kvspec.drivers.reference import Model, initial_state
 from kvspec.matrix import ModelRow, Topology
+from kvspec.model import Action, Model, initial_state
+from kvspec.replay import replay, trace_from_actions
 
 REPO = Path(__file__).resolve().parents[1]
 # Priority order of the fair completion: the world first (reads complete, stores finish,

@@ -7,8 +7,8 @@ registered and move real bytes with a real READ on whatever --device says.
 from __future__ import annotations
 
 import pytest
-from kvspec.drivers.base import Action
 from kvspec.matrix import ModelRow, Topology
+from kvspec.model import Action
 
 pytestmark = pytest.mark.vllm
 

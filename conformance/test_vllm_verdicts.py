@@ -10,7 +10,7 @@ scheduling counterexample in which blocks are freed while an offload store runs.
 from __future__ import annotations
 
 import pytest
-from kvspec.conformance import INCORRECT, TRACES_DIR, load_trace, replay
+from kvspec.replay import INCORRECT, TRACES_DIR, load_trace, replay
 
 pytestmark = pytest.mark.vllm
 

@@ -45,10 +45,12 @@ W == TP * PP * PCP
 Ranks == 0 .. (W - 1)
 Reqs == 1 .. NReq
 
-\* Rank layout: PCP innermost, then TP, then PP.
-PcpOf(w) == w % PCP
-TpOf(w) == (w \div PCP) % TP
-PpOf(w) == w \div (PCP * TP)
+\* Rank layout as vLLM numbers global ranks (distributed/parallel_state.py,
+\* initialize_model_parallel: arange(world).reshape(-1, DP, PP, PCP, TP)):
+\* TP innermost, then PCP, then PP: w = ((pp * PCP) + pcp) * TP + tp.
+TpOf(w) == w % TP
+PcpOf(w) == (w \div TP) % PCP
+PpOf(w) == w \div (TP * PCP)
 \* nixl/base_worker.py: handshake metadata is keyed by (tp, pp) only.
 Ident(w) == <<TpOf(w), PpOf(w)>>
 

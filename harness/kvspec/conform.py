@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvspec.conformance import TRACES_DIR, SpecTrace, load_trace, replay, trace_files
 from kvspec.drivers.base import Driver
 from kvspec.drivers.vllm_cluster import DriverUnavailable, check_device
 from kvspec.matrix import VARIANTS, ModelRow
+from kvspec.replay import TRACES_DIR, SpecTrace, load_trace, replay, trace_files
 
 JSON = Any
 RESULTS = Path(__file__).resolve().parents[2] / "build" / "check" / "results.json"

@@ -49,9 +49,12 @@ class Topology:
         return self.tp * self.pp * self.pcp
 
     def rank_coords(self, w: int) -> RankCoords:
-        """Spec rank w's place: KVCompletion.tla's PpOf, TpOf, PcpOf (pcp innermost)."""
+        """Global rank w's place, as vLLM numbers ranks: distributed/parallel_state.py
+        (initialize_model_parallel) lays them out as arange(world).reshape(-1, DP, PP, PCP,
+        TP), TP innermost, so w = ((pp * PCP) + pcp) * TP + tp. KVCompletion.tla's PpOf,
+        PcpOf, TpOf say the same; the one copy in Python."""
         return RankCoords(
-            pp=w // (self.pcp * self.tp), tp=(w // self.pcp) % self.tp, pcp=w % self.pcp
+            pp=w // (self.tp * self.pcp), tp=w % self.tp, pcp=(w // self.tp) % self.pcp
         )
 
 

@@ -32,10 +32,10 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
-from kvspec.conformance import SpecTrace, load_trace, replay, trace_files, trace_from_actions
-from kvspec.drivers.base import Action
 from kvspec.drivers.patches import get_patch, replace_attr
 from kvspec.matrix import ModelRow, Topology
+from kvspec.model import Action
+from kvspec.replay import SpecTrace, load_trace, replay, trace_files, trace_from_actions
 
 JSON = Any
 Undo = Callable[[], None]

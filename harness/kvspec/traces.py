@@ -35,8 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvspec.drivers.base import Action
-from kvspec.drivers.reference import (
+from kvspec.itf import dumps, value_from_itf, value_to_itf
+from kvspec.matrix import MatrixError, ModelRow, load_matrix
+from kvspec.model import (
+    Action,
     Model,
     State,
     from_values,
@@ -44,8 +46,6 @@ from kvspec.drivers.reference import (
     reachable,
     to_values,
 )
-from kvspec.itf import dumps, value_from_itf, value_to_itf
-from kvspec.matrix import MatrixError, ModelRow, load_matrix
 from kvspec.statgraph import DotError, StateGraph, tlc_state_graph
 
 JSON = Any
@@ -252,12 +252,11 @@ def counterexample_docs(row: ModelRow, check_dir: Path) -> dict[str, dict[str, J
         if isinstance(loop, int) and not stutter:
             # After the last state comes seq[loop] again: go round LASSO_UNROLL more times.
             seq = seq + seq[loop:] * LASSO_UNROLL + [seq[loop]]
-        path: list[Edge] = []
-        for s, t in zip(seq, seq[1:], strict=False):
-            hits = [a for a, u in model.successors(s) if u == t]
-            if not hits:
-                raise TraceError(f"{file}: step {len(path) + 1} matches no reference action")
-            path.append((s, hits[0], t))
+        try:
+            labels = model.label_path(seq)
+        except ValueError as exc:
+            raise TraceError(f"{file}: {exc}") from exc
+        path: list[Edge] = [(s, a, t) for s, a, t in zip(seq, labels, seq[1:], strict=False)]
         stem = file.name.removesuffix(".itf.json")
         extra: dict[str, JSON] = {
             "kind": "counterexample",

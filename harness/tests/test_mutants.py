@@ -6,7 +6,6 @@ import importlib
 from typing import Any
 
 import pytest
-from kvspec.conformance import INCORRECT
 from kvspec.drivers.patches import PATCHES
 from kvspec.mutants import (
     EXTENSIONS,
@@ -19,6 +18,7 @@ from kvspec.mutants import (
     run_mutant,
     unmutated,
 )
+from kvspec.replay import INCORRECT
 
 
 def _owner(target: str) -> tuple[Any, str]:

@@ -9,17 +9,13 @@ report dropped) and shows the comparison catches it.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
-from kvspec.drivers.broken import DropLastRankModel
-from kvspec.drivers.reference import (
-    Model,
-    after_reports,
-    reachable,
-    to_values,
-)
+from kvspec.drivers.broken import drop_last_rank_model, off_by_one_model
 from kvspec.matrix import ModelRow, Topology
+from kvspec.model import Model, after_reports, reachable, to_values
 from kvspec.statgraph import StateGraph, parse_dot, state_key, tlc_state_graph
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="java not installed")
@@ -98,16 +94,10 @@ def test_reachable_graph_equals_tlc(r: ModelRow, graphs: dict[str, StateGraph]) 
     assert {"schedule", "execute_model", "update_from_output", "abort"} <= {e[1] for e in tlc.edges}
 
 
-class OffByOne(Model):
-    """The aggregator expects one report more than the spec says."""
-
-    def expected(self) -> int:
-        return self.p.expected + 1
-
-
-@pytest.mark.parametrize("bent", [OffByOne, DropLastRankModel], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("bent", [off_by_one_model, drop_last_rank_model],
+                         ids=lambda f: f.__name__)  # fmt: skip
 def test_negative_control_wrong_reference_differs(
-    bent: type[Model], graphs: dict[str, StateGraph]
+    bent: Callable[[ModelRow], Model], graphs: dict[str, StateGraph]
 ) -> None:
     r = MODELS[0]  # fixed, delaying, PCP=2: both ranks report, the count matters
     tlc = tlc_keys(graphs[r.name])

@@ -7,10 +7,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from kvspec.conformance import load_trace, replay
-from kvspec.drivers.reference import ReferenceDriver, to_values
+from kvspec.drivers.reference import ReferenceDriver
 from kvspec.itf import dumps, value_to_itf
 from kvspec.matrix import ModelRow, Topology
+from kvspec.model import to_values
+from kvspec.replay import load_trace, replay
 from kvspec.traces import (
     ModelSummary,
     graph_from_reference,
@@ -58,7 +59,7 @@ def test_stale_files_detects_edits(tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which("java") is None, reason="java not installed")
 def test_counterexample_lasso_is_unrolled_with_quiescence(tmp_path: Path) -> None:
     """A hand-made lasso (schedule/execute/update cycling with a stuck request)."""
-    from kvspec.drivers.reference import Model, initial_state
+    from kvspec.model import Model, initial_state
     from kvspec.traces import counterexample_docs
 
     model = Model(ROW)

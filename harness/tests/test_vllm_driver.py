@@ -12,8 +12,9 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from kvspec.drivers.base import Action, Driver, MissingAction
+from kvspec.drivers.base import Driver, MissingAction
 from kvspec.matrix import ModelRow, Topology
+from kvspec.model import Action
 from kvspec.tlcvalue import Fn, Record, Value
 
 pytestmark = pytest.mark.vllm

@@ -49,7 +49,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvspec.drivers.base import ACTIONS, VARIABLES, Action, Driver, MissingAction
+from kvspec.drivers.base import Driver, MissingAction
 from kvspec.drivers.patches import get_patch
 from kvspec.drivers.vllm_cluster import (
     BLOCK_SIZE,
@@ -63,6 +63,7 @@ from kvspec.drivers.vllm_cluster import (
     release,
 )
 from kvspec.matrix import ModelRow
+from kvspec.model import ACTIONS, VARIABLES, Action
 from kvspec.tlcvalue import Record, Value, make_fn
 
 __all__ = ["VllmDriver", "DriverUnavailable", "TransferCorrupted", "req_id", "spec_r"]

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvspec.drivers.base import Action, Driver, MissingAction
-from kvspec.drivers.reference import Model, from_values, initial_state, to_values
-from kvspec.itf import value_from_itf, value_to_itf
+from kvspec.drivers.base import Driver, MissingAction
+from kvspec.itf import value_to_itf
 from kvspec.matrix import ModelRow, Topology
+from kvspec.model import Action, Model, State, initial_state, to_values
 from kvspec.tlcvalue import Value
 
 JSON = Any
@@ -165,30 +165,41 @@ def trace_from_actions(row: ModelRow, actions: list[Action], name: str) -> SpecT
     return SpecTrace(name, row, states, list(actions))
 
 
-def _spec_successors(model: Model, row: ModelRow, state: Mapping[str, JSON]) -> dict[Action, Any]:
-    s = from_values(row, {k: value_from_itf(v) for k, v in state.items()})
-    return {a: encode(to_values(row, t)) for a, t in model.successors(s)}
+def _explain(model: Model, prev: State, action: Action, obs: Mapping[str, JSON]) -> str | None:
+    """Which other action's spec successor the observed state is, if any (divergences only:
+    successors are computed and encoded only to explain a failure)."""
+    others = sorted(a for a, t in model.successors(prev) if a != action and encode(
+        to_values(model.row, t)) == obs)  # fmt: skip
+    if others:
+        return f"the observed state is the spec successor of {others[0]}, not of {action}"
+    return None
 
 
 def replay(driver: Driver, trace: SpecTrace, *, strict_enabled: bool = True) -> ReplayResult:
-    """Drive `driver` through `trace`; stop at the first divergence. Does not close it."""
+    """Drive `driver` through `trace`; stop at the first divergence. Does not close it.
+
+    The model state is carried along the trace (one `apply` per step), so a step costs one
+    observation and one encoding; the trace's states are what the observation must equal.
+    """
     model = Model(trace.row)
+    s = initial_state(trace.row)
     obs = encode(driver.observe())
     d = diff_states(trace.states[0], obs)
     if d:
         return ReplayResult(trace.name, 0, Divergence(INCORRECT, 0, "init", d))
     for i, action in enumerate(trace.actions, 1):
-        prev = trace.states[i - 1]
         expected = trace.states[i]
-        spec = _spec_successors(model, trace.row, prev)
         enabled = driver.enabled()
         if action not in enabled:
             why = f"{action} not in the driver's enabled() = [{', '.join(map(str, enabled))}]"
             return ReplayResult(trace.name, i - 1, Divergence(MISSING, i, str(action), {}, why))
-        extra = sorted(set(enabled) - set(spec))
-        if strict_enabled and extra:
+        extra = [a for a in enabled if model.apply(s, a) is None] if strict_enabled else []
+        if extra:
             why = "enabled() offers actions the spec forbids here: " + ", ".join(map(str, extra))
             return ReplayResult(trace.name, i - 1, Divergence(UNEXPECTED, i, str(action), {}, why))
+        nxt = model.apply(s, action)
+        if nxt is None:
+            raise ValueError(f"{trace.name}: step {i} ({action}) is not a spec step")
         try:
             driver.step(action)
         except MissingAction as exc:
@@ -196,14 +207,13 @@ def replay(driver: Driver, trace: SpecTrace, *, strict_enabled: bool = True) -> 
                 trace.name, i - 1, Divergence(MISSING, i, str(action), {}, f"driver: {exc}")
             )
         obs = encode(driver.observe())
-        d = diff_states(expected, obs)
-        if not d:
-            continue
-        others = sorted(a for a, t in spec.items() if a != action and t == obs)
-        if others:
-            why = f"the observed state is the spec successor of {others[0]}, not of {action}"
-            return ReplayResult(trace.name, i - 1, Divergence(UNEXPECTED, i, str(action), d, why))
-        return ReplayResult(trace.name, i - 1, Divergence(INCORRECT, i, str(action), d))
+        diff = diff_states(expected, obs)
+        if diff:
+            other = _explain(model, s, action, obs)
+            cls = UNEXPECTED if other else INCORRECT
+            div = Divergence(cls, i, str(action), diff, other or "")
+            return ReplayResult(trace.name, i - 1, div)
+        s = nxt
     n = len(trace.actions)
     if trace.expect_quiescent is not None:
         # A lasso's unrolled tail: these requests must still be unfreed (no progress).
