@@ -34,7 +34,7 @@ def driver_name(pytestconfig: pytest.Config) -> str:
 def make_driver(pytestconfig: pytest.Config) -> DriverFactory:
     """A factory building one fresh driver per trace; vLLM is imported once per session."""
     from kvspec.conform import driver_factory
-    from kvspec.drivers.vllm_cluster import DriverUnavailable
+    from kvspec.drivers.vllm_env import DriverUnavailable
 
     name = str(pytestconfig.getoption("--driver"))
     device = str(pytestconfig.getoption("--device"))
@@ -60,7 +60,7 @@ def device(pytestconfig: pytest.Config) -> str:
     """--device for tests that build the vllm driver themselves (cpu here, cuda on a GPU
     runner); skipped with the reason when vLLM or the device cannot run here."""
     pytest.importorskip("vllm")
-    from kvspec.drivers.vllm_cluster import DriverUnavailable, check_device
+    from kvspec.drivers.vllm_env import DriverUnavailable, check_device
 
     dev = str(pytestconfig.getoption("--device"))
     try:

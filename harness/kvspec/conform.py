@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kvspec.drivers.base import Driver
-from kvspec.drivers.vllm_cluster import DriverUnavailable, check_device
+from kvspec.drivers.vllm_env import DriverUnavailable, check_device
 from kvspec.matrix import VARIANTS, ModelRow
 from kvspec.replay import TRACES_DIR, SpecTrace, load_trace, replay, trace_files
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from typing import Any
 
-from kvspec.drivers.vllm_cluster import DEVICES, device_unavailable_reason
+from kvspec.drivers.vllm_env import DEVICES, device_unavailable_reason
 
 
 def _version(dist: str) -> str | None:

