@@ -295,7 +295,7 @@ def build_cluster(key: ClusterKey) -> Cluster:
         coords = key.topology.rank_coords(w)
         tp_rank = coords.tp
         cfg.parallel_config.rank = w  # read once, by the offloading spec's config
-        with api.set_currentvllm_config(cfg), _keep_affinity(), tp_identity(tp_rank, key.tp):
+        with api.set_current_vllm_config(cfg), _keep_affinity(), tp_identity(tp_rank, key.tp):
             conn = api.KVConnectorFactory.create_connector(
                 config=cfg, role=api.KVConnectorRole.WORKER, kv_cache_config=kc
             )
@@ -311,7 +311,7 @@ def build_cluster(key: ClusterKey) -> Cluster:
             # Drawn on the host (one seeded generator for every device), copied in.
             t.copy_(api.torch.randn(t.shape, generator=gen, dtype=t.dtype))
         _settle(api, plan)  # NIXL must not READ a cache whose fill is still queued
-        with api.set_currentvllm_config(cfg), tp_identity(tp_rank, key.tp):
+        with api.set_current_vllm_config(cfg), tp_identity(tp_rank, key.tp):
             conn.register_kv_caches(kv)
         _check_registration(nw, plan, f"producer rank {w}")
         workers.append(conn)
@@ -333,7 +333,7 @@ def build_cluster(key: ClusterKey) -> Cluster:
         key.device,
     )
     kv_cache_config(api, lcfg)
-    with api.set_currentvllm_config(lcfg):
+    with api.set_current_vllm_config(lcfg):
         listener = api.KVConnectorFactory.create_connector(
             config=lcfg, role=api.KVConnectorRole.SCHEDULER, kv_cache_config=kc
         )
@@ -363,12 +363,12 @@ def build_cluster(key: ClusterKey) -> Cluster:
     consumers: list[Any] = []
     consumers_caches: list[dict[str, Any]] = []
     for t in range(key.tp):
-        with api.set_currentvllm_config(dcfg), _keep_affinity(), tp_identity(t, key.tp):
+        with api.set_current_vllm_config(dcfg), _keep_affinity(), tp_identity(t, key.tp):
             consumer = api.KVConnectorFactory.create_connector(
                 config=dcfg, role=api.KVConnectorRole.WORKER, kv_cache_config=dkc
             )
         dkv = api.allocate_kv_cache(dkc, device, layout)
-        with api.set_currentvllm_config(dcfg), tp_identity(t, key.tp):
+        with api.set_current_vllm_config(dcfg), tp_identity(t, key.tp):
             consumer.register_kv_caches(dkv)
         _check_registration(consumer.connector_worker, plan, f"consumer tp rank {t}")
         consumers.append(consumer)
