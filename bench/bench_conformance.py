@@ -1,4 +1,4 @@
-"""Conformance replay throughput: traces/s and steps/s per driver, over the committed traces.
+"""Conformance replay throughput: traces/s and steps/s per driver, over the conformance traces.
 
 Usage: .venv/bin/python bench/bench_conformance.py [--driver reference|vllm|all] [--limit N]
 """
@@ -9,7 +9,8 @@ import argparse
 import time
 
 from kvspec.conform import driver_factory
-from kvspec.replay import load_trace, replay, trace_files
+from kvspec.replay import load_trace, replay
+from kvspec.traces import trace_files
 
 
 def bench(name: str, limit: int | None) -> tuple[int, int, float, int] | str:

@@ -1,5 +1,6 @@
-"""One test per committed trace (conformance/traces/<model>/<stem>.itf.json): replay it on
-the selected driver and compare every observed state with the trace's.
+"""One test per conformance trace (generated under build/traces/, plus the committed
+regressions under conformance/regressions/): replay it on the selected driver and compare
+every observed state with the trace's.
 
 A failure names its class (missing action / unexpected action / incorrect state), the
 step, the action, the differing variables and a one-line replay command.
@@ -11,18 +12,14 @@ from pathlib import Path
 
 import pytest
 from conftest import DriverFactory, replay_extra
-from kvspec.replay import load_trace, replay, replay_command, trace_files
+from kvspec.replay import load_trace, replay, replay_command
+from kvspec.traces import trace_files
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "trace_path" not in metafunc.fixturenames:
         return
-    variant = metafunc.config.getoption("--variant")
-    paths = []
-    for p in trace_files():
-        if variant is not None and load_trace(p).row.variant != variant:
-            continue
-        paths.append(p)
+    paths = trace_files(metafunc.config.getoption("--variant"))
     ids = [f"{p.parent.name}/{p.name.removesuffix('.itf.json')}" for p in paths]
     metafunc.parametrize("trace_path", paths, ids=ids)
 

@@ -5,8 +5,6 @@ that compares nothing.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from kvspec.drivers.base import MissingAction
 from kvspec.drivers.broken import DropRankDriver, OffByOneDriver
@@ -21,10 +19,9 @@ from kvspec.replay import (
     SpecTrace,
     load_trace,
     replay,
-    trace_files,
 )
+from kvspec.traces import trace_files
 
-TRACES = Path(__file__).parent / "traces"
 PCP2 = "conf-fixed-nixl-pcp2"  # fixed design, PCP=2: both ranks report every send
 
 
@@ -55,7 +52,7 @@ class ExtraEnabled(ReferenceDriver):
 
 
 def traces_of(model: str) -> list[SpecTrace]:
-    return [load_trace(p) for p in trace_files(TRACES) if p.parent.name == model]
+    return [load_trace(p) for p in trace_files() if p.parent.name == model]
 
 
 def run_all(driver_cls: type[ReferenceDriver], traces: list[SpecTrace]) -> list[ReplayResult]:
@@ -69,7 +66,7 @@ def run_all(driver_cls: type[ReferenceDriver], traces: list[SpecTrace]) -> list[
 @pytest.fixture(scope="module")
 def pcp2() -> list[SpecTrace]:
     traces = traces_of(PCP2)
-    assert traces, f"no committed traces for {PCP2}; run kvspec traces"
+    assert traces, f"no traces for {PCP2}; is it in conformance/matrix.toml?"
     return traces
 
 

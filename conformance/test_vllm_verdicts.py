@@ -10,7 +10,8 @@ scheduling counterexample in which blocks are freed while an offload store runs.
 from __future__ import annotations
 
 import pytest
-from kvspec.replay import INCORRECT, TRACES_DIR, load_trace, replay
+from kvspec.replay import INCORRECT, load_trace, replay
+from kvspec.traces import find_trace
 
 pytestmark = pytest.mark.vllm
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.vllm
 def _replay(name: str, patch: str | None, device: str) -> object:
     from kvspec.drivers.vllm_driver import VllmDriver
 
-    trace = load_trace(TRACES_DIR / f"{name}.itf.json")
+    trace = load_trace(find_trace(name))
     with VllmDriver(trace.row, device=device, impl_patch=patch) as driver:
         return replay(driver, trace)
 

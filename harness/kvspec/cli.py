@@ -196,8 +196,9 @@ def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     add(sub)
 
 
-def _stage_parser(name: str, help_text: str) -> Callable[[Any], None]:
-    """A subcommand whose module `kvspec.<name>` provides add_arguments(p) and run(args).
+def _stage_parser(name: str, help_text: str, module_name: str = "") -> Callable[[Any], None]:
+    """A subcommand whose module `kvspec.<module_name or name>` provides add_arguments(p)
+    and run(args).
 
     The module is imported only when the subcommand runs or its parser is built, so
     `kvspec --help` does not pay for vLLM or TLC imports.
@@ -206,7 +207,7 @@ def _stage_parser(name: str, help_text: str) -> Callable[[Any], None]:
 
     def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p = sub.add_parser(name, help=help_text)
-        module = importlib.import_module(f"kvspec.{name}")
+        module = importlib.import_module(f"kvspec.{module_name or name}")
         module.add_arguments(p)
 
         def handler(args: argparse.Namespace) -> int:
@@ -218,7 +219,9 @@ def _stage_parser(name: str, help_text: str) -> Callable[[Any], None]:
     return add
 
 
-add_traces_parser = _stage_parser("traces", "conformance traces covering every spec edge")
+add_traces_parser = _stage_parser(
+    "traces", "conformance traces covering every spec edge", "traces_cmd"
+)
 add_conform_parser = _stage_parser("conform", "replay traces on a driver: which variants conform")
 add_mutants_parser = _stage_parser("mutants", "mutation campaign against the installed vLLM")
 

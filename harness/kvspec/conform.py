@@ -25,7 +25,9 @@ from typing import Any
 from kvspec.drivers.base import Driver
 from kvspec.drivers.vllm_env import DriverUnavailable, check_device
 from kvspec.matrix import VARIANTS, ModelRow
-from kvspec.replay import TRACES_DIR, SpecTrace, load_trace, replay, trace_files
+from kvspec.replay import SpecTrace, load_trace, replay
+from kvspec.traces import trace_files
+from kvspec.tracestore import trace_paths
 
 JSON = Any
 RESULTS = Path(__file__).resolve().parents[2] / "build" / "check" / "results.json"
@@ -153,7 +155,7 @@ def run_conform(
     driver: str = "vllm",
     device: str = "cpu",
     impl_patch: str | None = None,
-    traces_dir: Path = TRACES_DIR,
+    traces_dir: Path | None = None,
     results_path: Path = RESULTS,
     json_out: Path | None = None,
     progress: bool = False,
@@ -165,7 +167,8 @@ def run_conform(
     turns the first two into a "not run" section.
     """
     factory = driver_factory(driver, device, impl_patch)
-    traces = [load_trace(p) for p in trace_files(traces_dir)]
+    files = trace_files() if traces_dir is None else trace_paths(traces_dir)
+    traces = [load_trace(p) for p in files]
     if not traces:
         raise FileNotFoundError(f"no traces in {traces_dir}; run `kvspec traces`")
     from rich.progress import Progress
@@ -229,5 +232,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--impl-patch", metavar="NAME", default=None, help="vllm driver patch")
     p.add_argument("--json", type=Path, default=None, help="write the summary JSON here")
-    p.add_argument("--traces", type=Path, default=TRACES_DIR, help="trace directory")
+    p.add_argument("--traces", type=Path, default=None,
+                   help="a trace directory (<variant>/<model>/*.itf.json); default: the "
+                   "generated conformance traces and the committed regressions")  # fmt: skip
     p.add_argument("--results", type=Path, default=RESULTS, help="kvspec check results.json")

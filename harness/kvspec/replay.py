@@ -40,7 +40,6 @@ MISSING = "missing action"
 UNEXPECTED = "unexpected action"
 INCORRECT = "incorrect state"
 FAILURE_CLASSES = (MISSING, UNEXPECTED, INCORRECT)
-TRACES_DIR = Path(__file__).resolve().parents[2] / "conformance" / "traces"
 
 
 @dataclass(frozen=True)
@@ -142,13 +141,9 @@ def trace_from_doc(doc: Mapping[str, JSON], name: str) -> SpecTrace:
 
 
 def load_trace(path: Path) -> SpecTrace:
-    """`conformance/traces/<model>/<stem>.itf.json` -> SpecTrace named `<model>/<stem>`."""
+    """`.../<model>/<stem>.itf.json` -> SpecTrace named `<model>/<stem>` (the pytest id)."""
     doc = json.loads(path.read_text())
     return trace_from_doc(doc, f"{path.parent.name}/{path.name.removesuffix('.itf.json')}")
-
-
-def trace_files(root: Path = TRACES_DIR) -> list[Path]:
-    return sorted(root.glob("*/*.itf.json"))
 
 
 def trace_from_actions(row: ModelRow, actions: list[Action], name: str) -> SpecTrace:

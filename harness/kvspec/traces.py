@@ -1,63 +1,43 @@
-"""`kvspec traces`: conformance traces covering every reachable edge of each default model.
+"""Conformance traces: paths of a model's state graph that together cover every edge.
 
-Pipeline per model row (tier "default"):
+Per model row (tier "default"):
 
-1. Size guard: explore the reference model with a state cap first (cheap), so a model too
-   big to replay exhaustively is skipped with a reason instead of costing a TLC run.
-2. TLC's state graph (`-dump dot`): the ground truth. TLC labels edges with the operator
-   name only, so each edge's parameters are recovered with the reference model's
-   `successors`: the unique action instance of that name whose successor is the edge's
-   target. An edge no instance explains (or two do) is an error: the reference and the
-   spec disagree, and harness/tests/test_reference_graph.py should be failing too.
-3. Selection, shortest first: edges are visited in BFS order of their source; an
+1. The graph: the model's reachable graph (kvspec.model, with action parameters), or,
+   for the cross-check `kvspec traces --tlc`, TLC's (`-dump dot`), each TLC edge's
+   parameters recovered as the unique action instance of that name leading to its target.
+   An edge no instance explains (or two do) is an error: model and spec disagree.
+2. Selection, shortest first: edges are visited in BFS order of their source; an
    uncovered edge gets a trace = shortest path to its source + the edge, then the trace
    is extended greedily: take the first uncovered edge out of the current state, or walk
    (at most HOP steps, shortest) to the nearest state that has one, until none is near
    or the trace reaches MAX_LEN. Everything is ordered by BFS index and sorted actions,
    so output is deterministic.
-4. Counterexamples `kvspec check` saved (build/check/<model>/*.itf.json) are added as
-   `cex-<stem>.itf.json`; a lasso is unrolled once more around its loop and ends with
-   `#meta.expect_quiescent`, the requests that must still be unfreed. They are written
-   only when build/check has them; `--check` leaves committed ones alone otherwise.
+3. Counterexamples `kvspec check` saved (build/check/<model>/*.itf.json) become
+   regression traces on request; a lasso is unrolled once more around its loop and ends
+   with `#meta.expect_quiescent`, the requests that must still be unfreed.
 
-Files are ITF (kvspec.itf.dumps): byte-identical on regeneration, no timestamps.
+Where the files go and how they are pinned: kvspec.tracestore.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import shutil
-import sys
-import tempfile
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from kvspec.itf import dumps, value_from_itf, value_to_itf
-from kvspec.matrix import MatrixError, ModelRow, load_matrix
-from kvspec.model import (
-    Action,
-    Model,
-    State,
-    from_values,
-    initial_state,
-    reachable,
-    to_values,
-)
-from kvspec.statgraph import DotError, StateGraph, tlc_state_graph
+from kvspec.itf import JSON, value_from_itf
+from kvspec.matrix import ModelRow
+from kvspec.model import Action, Model, State, from_values, initial_state, reachable, to_itf
+from kvspec.statgraph import StateGraph
+from kvspec.tracestore import GENERATED, REGRESSIONS, ensure_generated, trace_paths
 
-JSON = Any
-GENERATOR = "kvspec-traces/1"
+GENERATOR = "kvspec-traces/2"
 STATE_CAP = 20_000
 MAX_LEN = 40  # steps per trace: long enough to reach anything in small models
 HOP = 4  # how far a trace may walk through covered edges to reach an uncovered one
 LASSO_UNROLL = 1  # extra turns around a counterexample's loop
-REPO = Path(__file__).resolve().parents[2]
-CONFORMANCE_MATRIX = REPO / "conformance" / "matrix.toml"
-OUT_DIR = REPO / "conformance" / "traces"
-CHECK_DIR = REPO / "build" / "check"
 
 Edge = tuple[State, Action, State]
 
@@ -223,7 +203,7 @@ def model_meta(row: ModelRow) -> dict[str, JSON]:
 
 def _state_doc(row: ModelRow, i: int, action: str, s: State) -> dict[str, JSON]:
     item: dict[str, JSON] = {"#meta": {"index": i, "action": action}}
-    item.update({k: value_to_itf(v) for k, v in to_values(row, s).items()})
+    item.update(to_itf(row, s))
     return item
 
 
@@ -260,7 +240,7 @@ def counterexample_docs(row: ModelRow, check_dir: Path) -> dict[str, dict[str, J
         stem = file.name.removesuffix(".itf.json")
         extra: dict[str, JSON] = {
             "kind": "counterexample",
-            "source": f"build/check/{row.name}/{file.name}",
+            "source": f"kvspec check: {row.name}/{file.name}",
             "property": doc.get("#meta", {}).get("property", stem),
             "coverage": {"edges_total": 0, "edges_covered": len(set(path))},
         }
@@ -275,174 +255,91 @@ def counterexample_docs(row: ModelRow, check_dir: Path) -> dict[str, dict[str, J
 # ---------------------------------------------------------------- generation
 
 
-@dataclass
-class ModelSummary:
+@dataclass(frozen=True)
+class Coverage:
+    """What one model's generated trace set covers (written beside it as COVERAGE)."""
+
     model: str
+    variant: str
     edges: int = 0
     covered: int = 0
     actions: int = 0  # distinct action instances covered
     actions_total: int = 0
     traces: int = 0
     steps: int = 0
-    seconds: float = 0.0
     skipped: str | None = None
-    files: dict[str, str] = field(default_factory=dict)  # file name -> text
 
 
-def generate_model(
-    row: ModelRow, workdir: Path, *, cap: int = STATE_CAP, check_dir: Path = CHECK_DIR
-) -> ModelSummary:
-    import time
+COVERAGE = "COVERAGE.json"
 
-    t0 = time.monotonic()
-    summ = ModelSummary(row.name)
+
+def compact(doc: JSON) -> str:
+    """Generated traces are read by programs only: compact, sorted, deterministic JSON."""
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n"
+
+
+def generate_row(row: ModelRow, cap: int = STATE_CAP) -> tuple[Coverage, dict[str, str]]:
+    """The edge-covering trace set of one row from the model: coverage, file name -> text."""
     if reachable(row, cap=cap) is None:
-        summ.skipped = f"more than {cap} reachable states (raise --cap to include it)"
-        return summ
-    g = graph_from_tlc(row, tlc_state_graph(row, workdir / row.name))
+        why = f"more than {cap} reachable states (raise the row's size limit to include it)"
+        return Coverage(row.name, row.variant, skipped=why), {}
+    g = graph_from_reference(row)
     traces = select_traces(g)
     all_edges = g.edges
     covered = {e for t in traces for e in t}
-    summ.edges, summ.covered = len(all_edges), len(covered & set(all_edges))
-    summ.actions_total = len({a for _, a, _ in all_edges})
-    summ.actions = len({a for _, a, _ in covered})
-    summ.traces, summ.steps = len(traces), sum(len(t) for t in traces)
+    cov = Coverage(
+        row.name, row.variant, len(all_edges), len(covered & set(all_edges)),
+        len({a for _, a, _ in covered}), len({a for _, a, _ in all_edges}),
+        len(traces), sum(len(t) for t in traces),
+    )  # fmt: skip
     width = max(3, len(str(len(traces) - 1)))
+    files: dict[str, str] = {}
     for i, path in enumerate(traces):
         extra = {
             "kind": "coverage",
             "coverage": {"edges_total": len(all_edges), "edges_covered": len(set(path))},
         }
-        summ.files[f"{i:0{width}d}.itf.json"] = dumps(trace_doc(row, g.init, path, extra))
-    for stem, doc in counterexample_docs(row, check_dir).items():
-        summ.files[f"{stem}.itf.json"] = dumps(doc)
-    summ.seconds = time.monotonic() - t0
-    return summ
+        files[f"{i:0{width}d}.itf.json"] = compact(trace_doc(row, g.init, path, extra))
+    return cov, files
 
 
-def _write_model(out_dir: Path, summ: ModelSummary, keep_cex: bool) -> None:
-    """Replace the model's directory content with summ.files (committed cex kept if asked)."""
-    d = out_dir / summ.model
-    d.mkdir(parents=True, exist_ok=True)
-    for old in sorted(d.glob("*.itf.json")):
-        if old.name not in summ.files and not (keep_cex and old.name.startswith("cex-")):
-            old.unlink()
-    for name, text in summ.files.items():
-        p = d / name
-        if not p.is_file() or p.read_text() != text:
-            p.write_text(text)
+def generate(rows: list[ModelRow]) -> list[tuple[ModelRow, dict[str, str]]]:
+    """Every row's trace set plus its COVERAGE file (tracestore.ensure_generated's input)."""
+    out: list[tuple[ModelRow, dict[str, str]]] = []
+    for row in rows:
+        cov, files = generate_row(row)
+        files[COVERAGE] = json.dumps(cov.__dict__, sort_keys=True) + "\n"
+        out.append((row, files))
+    return out
 
 
-def stale_files(out_dir: Path, summ: ModelSummary, keep_cex: bool) -> list[str]:
-    """Files under out_dir/<model> that differ from, lack, or are not in a regeneration."""
-    d = out_dir / summ.model
-    have = {p.name: p for p in d.glob("*.itf.json")} if d.is_dir() else {}
-    stale = [f"{summ.model}/{n} (missing)" for n in sorted(summ.files) if n not in have]
-    stale += [f"{summ.model}/{n} (differs)" for n in sorted(summ.files)
-              if n in have and have[n].read_text() != summ.files[n]]  # fmt: skip
-    stale += [f"{summ.model}/{n} (no longer generated)" for n in sorted(have)
-              if n not in summ.files and not (keep_cex and n.startswith("cex-"))]  # fmt: skip
-    return stale
+def trace_files(variant: str | None = None) -> list[Path]:
+    """The traces to replay: generated ones (regenerated first if stale) and the committed
+    regressions, for one design variant or all."""
+    ensure_generated(generate)
+    return trace_paths(GENERATED, variant) + trace_paths(REGRESSIONS, variant)
 
 
-def _table(summaries: list[ModelSummary]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title="conformance traces")
-    for col in ("model", "reachable edges", "edges covered", "actions covered", "traces",
-                "steps", "seconds"):  # fmt: skip
-        t.add_column(col, justify="left" if col == "model" else "right")
-    for s in summaries:
-        if s.skipped:
-            t.add_row(s.model, "-", "-", "-", "-", "-", "-", end_section=False)
-            continue
-        pct = 100.0 * s.covered / s.edges if s.edges else 100.0
-        t.add_row(s.model, str(s.edges), f"{s.covered} ({pct:.0f}%)",
-                  f"{s.actions}/{s.actions_total}", str(s.traces), str(s.steps),
-                  f"{s.seconds:.1f}")  # fmt: skip
-    Console(width=140).print(t)
-    for s in summaries:
-        if s.skipped:
-            print(f"skipped {s.model}: {s.skipped}")
+def find_trace(name: str) -> Path:
+    """The trace named `<model>/<stem>` (a pytest id), generated or a regression."""
+    model, _, stem = name.partition("/")
+    for p in trace_files():
+        if p.parent.name == model and p.name == f"{stem}.itf.json":
+            return p
+    raise KeyError(f"no trace named {name!r}; `kvspec traces` lists the models")
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        rows = [r for r in load_matrix(args.matrix) if r.tier == "default"]
-    except MatrixError as exc:
-        print(f"kvspec traces: {exc}", file=sys.stderr)
-        return 2
-    if args.only:
-        rows = [r for r in rows if r.name == args.only]
-        if not rows:
-            print(f"kvspec traces: no default-tier model {args.only!r}", file=sys.stderr)
-            return 2
-    out_dir: Path = args.out
-    work = Path(tempfile.mkdtemp(prefix="kvspec-traces-"))
-    summaries: list[ModelSummary] = []
-    stale: list[str] = []
-    try:
-        for row in rows:
-            check_dir: Path = args.check_dir
-            has_cex = (check_dir / row.name).is_dir()
-            try:
-                summ = generate_model(row, work, cap=args.cap, check_dir=check_dir)
-            except (TraceError, DotError) as exc:
-                print(f"kvspec traces: {row.name}: {exc}", file=sys.stderr)
-                return 2
-            summaries.append(summ)
-            if summ.skipped:
-                continue
-            if args.check:
-                stale += stale_files(out_dir, summ, keep_cex=not has_cex)
-            else:
-                _write_model(out_dir, summ, keep_cex=not has_cex)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    _table(summaries)
-    if args.json is not None:
-        _write_json(args.json, summaries)
-    if args.check and stale:
-        print(f"{len(stale)} stale trace files under {out_dir}; run `kvspec traces`:")
-        for s in stale:
-            print(f"  {s}")
-        return 1
-    if args.check:
-        print(f"traces under {out_dir} are up to date")
-    return 0
+def read_coverage(model_dir: Path) -> Coverage:
+    return Coverage(**json.loads((model_dir / COVERAGE).read_text()))
 
 
-def _write_json(path: Path, summaries: list[ModelSummary]) -> None:
-    """Coverage per model, read by `kvspec review` (build/traces.json)."""
-    import json
-
-    models = {
-        s.model: {
-            "edges_total": s.edges,
-            "edges_covered": s.covered,
-            "actions_covered": s.actions,
-            "actions_total": s.actions_total,
-            "traces": s.traces,
-            "steps": s.steps,
-            "skipped": s.skipped,
-        }
-        for s in summaries
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"models": models}, indent=1, sort_keys=True) + "\n")
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--matrix", type=Path, default=CONFORMANCE_MATRIX, help="matrix TOML")
-    p.add_argument("--json", type=Path, default=None, help="write coverage JSON here")
-    p.add_argument("--only", metavar="NAME", help="only this model row")
-    p.add_argument("--out", type=Path, default=OUT_DIR, help="output directory")
-    p.add_argument(
-        "--check", action="store_true", help="regenerate in memory; exit 1 listing stale files"
-    )
-    p.add_argument(
-        "--cap", type=int, default=STATE_CAP, help=f"state cap per model (default {STATE_CAP})"
-    )
-    p.add_argument("--check-dir", type=Path, default=CHECK_DIR,
-                   help="where `kvspec check` saved counterexamples (build/check)")  # fmt: skip
+def regression_docs(
+    rows: list[ModelRow], check_dir: Path
+) -> dict[Path, Mapping[str, JSON]]:
+    """Counterexamples `kvspec check` saved for these rows, as regression trace documents
+    keyed by their path under conformance/regressions (`kvspec traces --save-regressions`)."""
+    out: dict[Path, Mapping[str, JSON]] = {}
+    for row in rows:
+        for stem, doc in counterexample_docs(row, check_dir).items():
+            out[REGRESSIONS / row.variant / row.name / f"{stem}.itf.json"] = doc
+    return out

@@ -9,16 +9,12 @@ from pathlib import Path
 import pytest
 from kvspec.drivers.reference import ReferenceDriver
 from kvspec.itf import dumps, value_to_itf
-from kvspec.matrix import ModelRow, Topology
+from kvspec.matrix import ModelRow, Topology, load_matrix
 from kvspec.model import to_values
 from kvspec.replay import load_trace, replay
-from kvspec.traces import (
-    ModelSummary,
-    graph_from_reference,
-    select_traces,
-    stale_files,
-    trace_doc,
-)
+from kvspec.traces import generate, graph_from_reference, select_traces, trace_doc
+from kvspec.traces_cmd import lock_of
+from kvspec.tracestore import ensure_generated, lock_mismatches, trace_paths
 
 ROW = ModelRow("t-shipped-nixl-pcp2", "v0.30-shipped", "nixl", Topology(1, 1, 2), 1, 1, False)
 
@@ -41,19 +37,80 @@ def test_selection_is_deterministic() -> None:
     assert a == b
 
 
-def test_stale_files_detects_edits(tmp_path: Path) -> None:
-    summ = ModelSummary("m", files={"000.itf.json": "{}\n", "001.itf.json": "[]\n"})
-    d = tmp_path / "m"
-    d.mkdir()
-    (d / "000.itf.json").write_text("{}\n")
-    (d / "002.itf.json").write_text("x")
-    stale = stale_files(tmp_path, summ, keep_cex=True)
-    assert stale == ["m/001.itf.json (missing)", "m/002.itf.json (no longer generated)"]
-    (d / "001.itf.json").write_text("[]\n")
-    (d / "002.itf.json").unlink()
-    assert stale_files(tmp_path, summ, keep_cex=True) == []
-    (d / "000.itf.json").write_text("{ }\n")  # negative control: one byte differs
-    assert stale_files(tmp_path, summ, keep_cex=True) == ["m/000.itf.json (differs)"]
+def _generate_into(out: Path, rows: list[ModelRow]) -> int:
+    """Generate `rows` into `out` through the cache; returns how often the generator ran."""
+    calls = []
+
+    def gen(rs: list[ModelRow]) -> list[tuple[ModelRow, dict[str, str]]]:
+        calls.append(rs)
+        return generate(rs)
+
+    matrix = out.parent / "matrix.toml"
+    if not matrix.exists():
+        matrix.write_text(MATRIX)
+    ensure_generated(gen, matrix, out)
+    return len(calls)
+
+
+MATRIX = """
+[[model]]
+name = "t-shipped-nixl-pcp2"
+variant = "v0.30-shipped"
+composition = "nixl"
+topology = {tp = 1, pp = 1, pcp = 2}
+"""
+
+
+def test_generated_traces_are_cached_by_their_inputs(tmp_path: Path) -> None:
+    out = tmp_path / "traces"
+    assert _generate_into(out, [ROW]) == 1
+    files = trace_paths(out)
+    assert files and all(p.parent == out / "v0.30-shipped" / ROW.name for p in files)
+    assert _generate_into(out, [ROW]) == 0  # fresh: not regenerated
+    (tmp_path / "matrix.toml").write_text(MATRIX + "\n# changed\n")
+    assert _generate_into(out, [ROW]) == 1  # an input changed: regenerated
+    (out / "STAMP").unlink()  # an interrupted write leaves no stamp: regenerated
+    assert _generate_into(out, [ROW]) == 1
+
+
+def test_lock_detects_a_changed_trace_set(tmp_path: Path) -> None:
+    out = tmp_path / "traces"
+    _generate_into(out, [ROW])
+    _, lock = lock_of(ROW, out)
+    assert lock.traces == len(trace_paths(out)) and lock.edges == lock.covered > 0
+    assert lock_mismatches({ROW.name: lock}, {ROW.name: lock}) == []
+    # Negative control: one byte of one trace differs -> the lock no longer matches.
+    first = trace_paths(out)[0]
+    first.write_text(first.read_text().replace('"init"', '"init "', 1))
+    _, edited = lock_of(ROW, out)
+    (line,) = lock_mismatches({ROW.name: edited}, {ROW.name: lock})
+    assert line.startswith(f"{ROW.name}: sha256 ")
+    assert lock_mismatches({}, {ROW.name: lock}) == [f"{ROW.name}: locked but no longer generated"]
+
+
+def test_committed_locks_match_a_fresh_generation(tmp_path: Path) -> None:
+    """What `kvspec traces --check` proves in make test, on a private output folder."""
+    from kvspec.tracestore import CONFORMANCE_MATRIX, read_locks
+
+    out = tmp_path / "traces"
+    ensure_generated(generate, CONFORMANCE_MATRIX, out)
+    rows = [r for r in load_matrix(CONFORMANCE_MATRIX) if r.tier == "default"]
+    have = {r.name: lock_of(r, out)[1] for r in rows}
+    assert lock_mismatches(have, read_locks()) == []
+
+
+def test_regression_that_is_no_longer_a_spec_path_is_reported(tmp_path: Path) -> None:
+    from kvspec.traces_cmd import bad_regressions
+
+    assert bad_regressions() == []  # the committed ones replay on the model
+    g = graph_from_reference(ROW)
+    doc = trace_doc(ROW, g.init, select_traces(g)[0], {})
+    doc["states"][1]["req"] = ["sending"]  # negative control: no first step sends
+    bad = tmp_path / ROW.variant / ROW.name / "cex-x.itf.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(dumps(doc))
+    (line,) = bad_regressions(tmp_path)
+    assert "incorrect state at step 1" in line
 
 
 @pytest.mark.skipif(shutil.which("java") is None, reason="java not installed")
