@@ -134,7 +134,7 @@ def test_walks_reach_quiescence_and_free_requests() -> None:
 @pytest.mark.parametrize("bad", ["drop-rank"])
 def test_random_walks_negative_control(bad: str) -> None:
     """A broken driver fails some drawn walk (the walks exercise multi-rank reporting)."""
-    from test_negative_controls import DropRankDriver
+    from kvspec.drivers.broken import DropRankDriver
 
     failures: list[str] = []
 
