@@ -178,16 +178,14 @@ def add_review_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _review_cmd(args: argparse.Namespace) -> int:
-    from kvspec.report import run_review
+    from kvspec.review import run_review
 
     return run_review(args)
 
 
 # ---------------------------------------------------------------- registry
-# Other subcommands plug in here: write add_<name>_parser(sub) (lazy imports inside the
+# A subcommand plugs in here: write add_<name>_parser(sub) (lazy imports inside the
 # handler) and append it to PARSERS.
-#   TODO(traces):   add_traces_parser   -> kvspec.traces
-#   TODO(conform):  add_conform_parser  -> kvspec.conform
 
 
 def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

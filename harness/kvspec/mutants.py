@@ -2,8 +2,8 @@
 
 For each mutant (kvspec.mutations.catalogue), the campaign applies its base's impl patch,
 then the mutant, replays the extension traces (conformance/extensions.toml: multi-request
-and async-scheduling paths the one-request committed traces cannot reach) and then the
-base variant's committed traces on the vLLM driver, stops at the first divergence, and
+and async-scheduling paths the one-request conformance traces cannot reach) and then the
+base variant's conformance traces on the vLLM driver, stops at the first divergence, and
 undoes both. A divergence or a crash of vLLM is a kill.
 
 `kvspec mutants [--json FILE] [--only NAME] [--device cpu|cuda]` runs the campaign.
@@ -25,24 +25,24 @@ from kvspec.extensions import extension_traces
 from kvspec.itf import JSON
 from kvspec.mutations import Base, Mutant, patched
 from kvspec.mutations.catalogue import MUTANTS
-from kvspec.replay import SpecTrace, load_trace, replay, trace_files
+from kvspec.replay import SpecTrace, load_trace, replay
+from kvspec.traces import trace_files
 
 DRIVER_COMPOSITIONS = ("nixl", "multi-nixl-offload-delaying", "multi-nixl-offload-upstream")
-# Per model, the shortest committed traces only: traces are generated shortest-first to
+# Per model, the shortest conformance traces only: traces are generated shortest-first to
 # cover edges, and every kill seen so far came from within the first 15 of a model; the
 # cap keeps an equivalent (surviving) mutant from replaying all ~1,700 traces.
 MAX_TRACES_PER_MODEL = 25
 
 
 def base_traces(variant: str) -> tuple[list[SpecTrace], list[str]]:
-    """The extension traces, then the committed traces of `variant` the vLLM driver can
+    """The extension traces, then the conformance traces of `variant` the vLLM driver can
     run (at most MAX_TRACES_PER_MODEL per model, shortest first, models interleaved so a
     kill anywhere is found early); and one reason line per skipped model."""
     found: dict[str, list[SpecTrace]] = defaultdict(list)
-    for p in trace_files():
+    for p in trace_files(variant):
         t = load_trace(p)
-        if t.row.variant == variant:
-            found[t.row.name].append(t)
+        found[t.row.name].append(t)
     per_model: list[list[SpecTrace]] = []
     skipped: list[str] = []
     for model, ts in sorted(found.items()):
@@ -133,7 +133,7 @@ def run_mutant(
 
 def unmutated(base: Base, device: str = "cpu") -> tuple[str | None, Any, str]:
     """The base without a mutant on the extension traces: must replay them all (no false
-    kill). The committed traces run unmutated in the conformance suite already."""
+    kill). The conformance traces run unmutated in the conformance suite already."""
     with patched(base):
         return run_traces(extension_traces(base.variant), device)
 
@@ -170,18 +170,6 @@ def _table(outcomes: list[Outcome]) -> None:
     )
 
 
-def campaign(names: list[str], device: str) -> tuple[list[Outcome], list[str]]:
-    """Run the named mutants; the committed traces are read once per base variant."""
-    bases = {v: base_traces(v) for v in sorted({MUTANTS[n].base.variant for n in names})}
-    skipped = sorted({s for _, why in bases.values() for s in why})
-    for s in skipped:
-        print(f"skipped {s}", file=sys.stderr)
-    outcomes = [
-        run_mutant(MUTANTS[n], device, bases[MUTANTS[n].base.variant][0]) for n in names
-    ]
-    return outcomes, skipped
-
-
 def run(args: argparse.Namespace) -> int:
     names = args.only or list(MUTANTS)
     unknown = [n for n in names if n not in MUTANTS]
@@ -201,8 +189,15 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    # base_traces reads a variant's traces: once per base variant, not per mutant.
+    bases = {v: base_traces(v) for v in sorted({MUTANTS[n].base.variant for n in names})}
+    skipped = sorted({s for _, why in bases.values() for s in why})
+    for s in skipped:
+        print(f"skipped {s}", file=sys.stderr)
     t0 = time.perf_counter()
-    outcomes, skipped = campaign(names, args.device)
+    outcomes = [
+        run_mutant(MUTANTS[n], args.device, bases[MUTANTS[n].base.variant][0]) for n in names
+    ]
     _table(outcomes)
     print(f"total {time.perf_counter() - t0:.1f}s")
     if args.json:

@@ -1,33 +1,17 @@
-"""The mutation campaign: catalogue, exact undo, no false kill, and known kills."""
+"""The mutation campaign: catalogue, exact undo, extension scripts, no false kill, and
+known kills."""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from pathlib import Path
 
 import pytest
-from kvspec.drivers.patches import PATCHES
-from kvspec.mutants import (
-    EXTENSIONS,
-    FIXED,
-    MUTANTS,
-    SHIPPED,
-    Mutant,
-    applied,
-    extension_traces,
-    run_mutant,
-    unmutated,
-)
+from kvspec.drivers.patches import PATCHES, target_owner
+from kvspec.extensions import extension_traces, load_extensions
+from kvspec.mutants import run_mutant, unmutated
+from kvspec.mutations import FIXED, SHIPPED, Base, Mutant, patched
+from kvspec.mutations.catalogue import MUTANTS
 from kvspec.replay import INCORRECT
-
-
-def _owner(target: str) -> tuple[Any, str]:
-    mod, _, qual = target.partition(":")
-    obj: Any = importlib.import_module(mod)
-    *path, attr = qual.split(".")
-    for part in path:
-        obj = getattr(obj, part)
-    return obj, attr
 
 
 def _vllm() -> None:
@@ -39,48 +23,82 @@ def test_catalogue_is_well_formed() -> None:
     assert len(MUTANTS) >= 12
     for name, m in MUTANTS.items():
         assert m.name == name
-        assert m.description and "\n" not in m.description
-        mod, sep, qual = m.target.partition(":")
-        assert sep and mod.startswith("vllm.") and "." in qual, m.target
-        assert m.origin
+        p = m.patch
+        assert p.description and "\n" not in p.description
+        mod, sep, qual = p.target.partition(":")
+        assert sep and mod.startswith("vllm.") and "." in qual, p.target
+        assert p.origin
         assert m.base in (SHIPPED, FIXED)
-        if m.base[1] is not None:
-            assert m.base[1] in PATCHES
+        if m.base.impl_patch is not None:
+            assert m.base.impl_patch in PATCHES
     # the bug history the brief names is covered
-    origins = " ".join(m.origin for m in MUTANTS.values())
+    origins = " ".join(m.patch.origin for m in MUTANTS.values())
     for bug in ("#58222", "#51786", "#25808", "#52779", "#53903", "#36549"):
         assert bug in origins
 
 
-@pytest.mark.parametrize("variant", [SHIPPED[0], FIXED[0]])
+@pytest.mark.parametrize("variant", [SHIPPED.variant, FIXED.variant])
 def test_extension_traces_follow_the_spec(variant: str) -> None:
     traces = extension_traces(variant)  # raises if an action is not enabled in the spec
-    assert [t.name.rsplit("/", 1)[1] for t in traces] == list(EXTENSIONS)
+    assert [t.name.rsplit("/", 1)[1] for t in traces] == [x.name for x in load_extensions()]
     assert all(len(t.states) == len(t.actions) + 1 for t in traces)
+    assert {t.row.name for t in traces} == {
+        f"x-{variant}-nixl-pcp2-2req",
+        f"x-{variant}-nixl-pcp2-async",
+    }
+
+
+def _script(tmp_path: Path, *actions: str, key: str = "actions") -> Path:
+    """One [[extension]] on a fixed TP2 x PCP2 one-request row."""
+    path = tmp_path / f"x{len(list(tmp_path.iterdir()))}.toml"
+    path.write_text(
+        '[defaults]\nvariants = ["fixed"]\nmodel = "m"\ncomposition = "nixl"\n'
+        "topology = {tp = 2, pp = 1, pcp = 2}\nrequests = 1\ncapacity = 1\n"
+        f'[[extension]]\nname = "a"\n{key} = {list(actions)!r}\n'.replace("'", '"')
+    )
+    return path
+
+
+def test_extension_scripts_must_follow_the_spec(tmp_path: Path) -> None:
+    # Ranks are numbered TP innermost: on TP2 x PCP2, w = pcp * TP + tp, so the consumer
+    # reads from ranks 0 and 1 (pcp 0); rank 2 (tp 0, pcp 1) is a replica it never reads.
+    step = ("schedule", "execute_model", "update_from_output")
+    ok = _script(tmp_path, *step, "consumer_start_load_kv(1, 1)")
+    (trace,) = extension_traces("fixed", ok)
+    assert trace.name == "x-fixed-m/a" and trace.row.topology.world_size == 4
+    assert extension_traces("v0.30-shipped", ok) == []
+    replica = _script(tmp_path, *step, "consumer_start_load_kv(1, 2)")
+    with pytest.raises(ValueError, match=r"consumer_start_load_kv\(1, 2\) is not enabled"):
+        extension_traces("fixed", replica)
+    with pytest.raises(ValueError, match="unknown key"):
+        load_extensions(_script(tmp_path, *step, key="actoins"))
+    with pytest.raises(ValueError, match="unknown action 'sched'"):
+        load_extensions(_script(tmp_path, "sched"))
 
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_apply_then_undo_restores_the_original(name: str) -> None:
     _vllm()
     m: Mutant = MUTANTS[name]
-    owner, attr = _owner(m.target)
+    owner, attr = target_owner(m.patch.target)
     before = vars(owner).get(attr)
-    assert before is not None, f"{m.target} is not defined on {owner.__name__}"
-    base_targets = [_owner(PATCHES[m.base[1]].target)] if m.base[1] else []
+    assert before is not None, f"{m.patch.target} is not defined on {owner.__name__}"
+    impl = m.base.impl_patch
+    base_targets = [target_owner(PATCHES[impl].target)] if impl else []
     base_before = [vars(o).get(a) for o, a in base_targets]
-    with applied(m):
+    with patched(m.base, m.patch):
         assert vars(owner).get(attr) is not before, "the mutant changed nothing"
     assert vars(owner).get(attr) is before
     assert [vars(o).get(a) for o, a in base_targets] == base_before
     # and twice in a row (no state left behind by the first application)
-    with applied(m):
+    with patched(m.base, m.patch):
         pass
     assert vars(owner).get(attr) is before
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("base", [SHIPPED, FIXED], ids=lambda b: str(b[0]))
-def test_unmutated_vllm_passes_the_extension_traces(base: tuple[str, str | None]) -> None:
+@pytest.mark.parametrize("base", [SHIPPED, FIXED], ids=lambda b: b.name)
+def test_unmutated_vllm_passes_the_extension_traces(base: Base) -> None:
     """No false kill. The committed traces of both bases already run on the unmutated
     vLLM in the conformance suite (make test); the campaign's own extension traces don't."""
     _vllm()

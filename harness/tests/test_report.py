@@ -1,4 +1,5 @@
-"""kvspec.report: the HTML/Markdown review artifact and the `kvspec review` pipeline."""
+"""kvspec.report (the HTML/Markdown review artifact) and kvspec.review (the `kvspec review`
+pipeline)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from typing import Any
 
 import pytest
 from kvspec.cli import main
-from kvspec.report import build_report, collect_versions
+from kvspec.report import build_report
+from kvspec.review import collect_versions
 
 FIX = Path(__file__).parent / "fixtures" / "cex"
 VERSIONS = {"TLC": "2.15 (rev d5b5a7f)", "vLLM": "0.32.0", "NIXL": "1.5.1", "torch": "2.13.0"}

@@ -1,0 +1,250 @@
+"""The catalogue: every mutant, its target, the bug or rule it is about, and its base."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kvspec.drivers.patches import CONNECTOR, NIXL, Patch
+from kvspec.mutations import FIXED, SHIPPED, Base, Mutant
+from kvspec.mutations import engine as e
+from kvspec.mutations import nixl as n
+
+BASE_WORKER = f"{NIXL}.base_worker:NixlBaseConnectorWorker"
+PULL_WORKER = f"{NIXL}.pull_worker:NixlPullConnectorWorker"
+BASE_SCHED = f"{NIXL}.base_scheduler:NixlBaseConnectorScheduler"
+PULL_SCHED = f"{NIXL}.pull_scheduler:NixlPullConnectorScheduler"
+MULTI = "vllm.distributed.kv_transfer.kv_connector.v1.multi_connector:MultiConnector"
+AGG = "vllm.distributed.kv_transfer.kv_connector.utils:KVOutputAggregator"
+SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
+
+
+def _m(
+    name: str,
+    description: str,
+    target: str,
+    origin: str,
+    make: Callable[[Any], Any],
+    base: Base = SHIPPED,
+    equivalent_because: str | None = None,
+) -> Mutant:
+    return Mutant(Patch(name, description, target, origin, make), base, equivalent_because)
+
+
+_ALL = [
+    _m(
+        "reaper-early-break",
+        "lease reaper walks _reqs_to_send from its head and stops at the first live lease",
+        f"{BASE_WORKER}._reap_expired_send_leases",
+        "#58222/#50789",
+        n.reaper_early_break,
+    ),
+    _m(
+        "lease-never-expires",
+        "expired send leases are never reaped (blocks held until a consumer reads)",
+        f"{BASE_WORKER}._reap_expired_send_leases",
+        "rule: leases are finite (lease_expire)",
+        n.lease_never_expires,
+    ),
+    _m(
+        "expired-lease-not-reported",
+        "expired leases are reclaimed on the worker but not reported as finished_sending",
+        f"{BASE_WORKER}._reap_expired_send_leases",
+        "rule: reaped => done_sending",
+        n.expired_not_reported,
+    ),
+    _m(
+        "heartbeat-not-extending",
+        "an HB: notification no longer extends the request's lease",
+        f"{BASE_WORKER}._handle_heartbeat",
+        "rule: heartbeat re-arms the lease",
+        n.heartbeat_not_extending,
+    ),
+    _m(
+        "notif-wrong-request",
+        "a consumer notification is counted for the oldest tracked request, not its own",
+        f"{PULL_WORKER}._get_new_notifs",
+        "rule: 'r:n' completes r",
+        n.notifs(req_of=n.oldest),
+    ),
+    _m(
+        "notif-before-metadata-dropped",
+        "a notification for a request in _reqs_to_process but without a lease yet is dropped",
+        f"{PULL_WORKER}._get_new_notifs",
+        "#25808",
+        n.notifs(recognised=n.leased),
+    ),
+    _m(
+        "notif-count-off-by-one",
+        "a request needs one more consumer notification than the 'r:n' count says",
+        f"{PULL_WORKER}._get_new_notifs",
+        "rule: n consumer reads complete r",
+        n.notifs(consumers=lambda k: k + 1),
+    ),
+    _m(
+        "lease-armed-after-read",
+        "start_load_kv arms a lease even for a request not in _reqs_to_process (already read)",
+        f"{PULL_WORKER}.start_load_kv",
+        "#25808 (async scheduling misalignment)",
+        n.lease_armed_after_read,
+    ),
+    _m(
+        "replica-serves",
+        "replicated PCP ranks > 0 track leases and wait for reads instead of queueing",
+        f"{PULL_WORKER}.start_load_kv",
+        "#52779 (naive replicas)",
+        n.as_pcp_rank(lambda rank: 0),
+    ),
+    _m(
+        "rank0-reports-on-metadata",
+        "PCP rank 0 queues reqs_to_send as done at metadata arrival, before any read",
+        f"{PULL_WORKER}.start_load_kv",
+        "#53903 (rank 0 only after the consumer read)",
+        n.as_pcp_rank(lambda rank: 1 if rank == 0 else rank),
+    ),
+    _m(
+        "handshake-published-by-replicas",
+        "replicated PCP ranks > 0 publish handshake metadata (duplicate (tp, pp) identity)",
+        f"{CONNECTOR}.get_handshake_metadata",
+        "#52779",
+        n.handshake_by_replicas,
+    ),
+    _m(
+        "finished-count-tp-pp",
+        "NIXL get_finished_count returns TP x PP again (0.29), so expected < world_size",
+        f"{CONNECTOR}.get_finished_count",
+        "#52779 (0.29 regression)",
+        n.finished_count_tp_pp,
+    ),
+    _m(
+        "abort-not-recorded",
+        "an aborted request is not added to _reqs_not_processed",
+        f"{PULL_SCHED}.request_finished",
+        "rule: abort -> reqs_not_processed",
+        n.abort_not_recorded,
+    ),
+    _m(
+        "abort-meta-dropped",
+        "reqs_not_processed never reaches the workers (dropped from the connector metadata)",
+        f"{BASE_SCHED}.build_connector_meta",
+        "rule: abort reaches the worker",
+        n.abort_meta_dropped,
+    ),
+    _m(
+        "free-before-emit",
+        "the scheduler frees a finished request's blocks at once, ignoring delay_free",
+        f"{SCHED}._connector_finished",
+        "rule: NoFreeWhileInFlight",
+        e.free_before_emit,
+    ),
+    _m(
+        "agg-expected-minus-one",
+        "the aggregator's expected finished count is one less",
+        f"{AGG}.from_connector",
+        "rule: expected = get_finished_count() or world_size",
+        e.agg_expected(-1),
+    ),
+    _m(
+        "agg-expected-plus-one",
+        "the aggregator's expected finished count is one more",
+        f"{AGG}.from_connector",
+        "rule: expected = get_finished_count() or world_size",
+        e.agg_expected(+1),
+    ),
+    _m(
+        "agg-dedup-across-workers",
+        "the aggregator counts a request once per step however many workers report it",
+        f"{AGG}.aggregate",
+        "rule: one count per worker report",
+        e.agg_filter(e.dedup_across),
+        base=FIXED,
+    ),
+    _m(
+        "agg-dedup-per-worker",
+        "the aggregator ignores a second report of a request from the same worker",
+        f"{AGG}.aggregate",
+        "rule: no per-worker de-duplication",
+        e.agg_filter(e.dedup_per_worker),
+        base=FIXED,
+        equivalent_because=(
+            "in every spec behaviour (all variants, compositions) a rank reports a request "
+            "at most once (serve: notif or expiry; queue: once at metadata; MultiConnector: "
+            "the extra save swallows one of two), so de-duplication never changes a count; "
+            "killing it needs a variant where a rank reports twice (e.g. MultiConnector "
+            "without extra_async_saves) as a base"
+        ),
+    ),
+    _m(
+        "agg-skips-last-worker",
+        "the aggregator loops over all outputs but the last rank's",
+        f"{AGG}.aggregate",
+        "rule: all world_size outputs counted",
+        e.agg_skips_last,
+        base=FIXED,
+    ),
+    _m(
+        "replica-reports-cleared",
+        "the shipped filter is back: replicated PCP ranks > 0 have finished_sending cleared",
+        f"{CONNECTOR}.get_transfer_results",
+        "#53903 (shipped 0.30-0.33 bug)",
+        n.replica_reports_cleared,
+        base=FIXED,
+    ),
+    _m(
+        "replica-reports-twice",
+        "replicated PCP ranks > 0 report each queued request again one step later",
+        f"{CONNECTOR}.get_transfer_results",
+        "#53903 (report exactly once)",
+        n.replica_reports_twice,
+        base=FIXED,
+    ),
+    _m(
+        "extra-async-saves-ignored",
+        "the worker MultiConnector does not merge extra_async_saves from the metadata",
+        f"{MULTI}.bind_connector_metadata",
+        "rule: extra_async_saves swallow n - 1 reports",
+        e.extra_ignored,
+        base=FIXED,
+    ),
+    _m(
+        "swallow-wrong-child",
+        "the extra-save swallow only applies to the first child's (NIXL's) reports",
+        f"{MULTI}.get_transfer_results",
+        "rule: first report of any child swallowed",
+        e.multi_results(swallows=lambda i: i == 0, recv_twice=False),
+        base=FIXED,
+    ),
+    _m(
+        "multi-first-child-only",
+        "MultiConnector.request_finished_all_groups asks only its first child",
+        f"{MULTI}.request_finished_all_groups",
+        "#36549",
+        e.multi_first_child_only,
+        base=FIXED,
+    ),
+    _m(
+        "multi-extra-off-by-one",
+        "the scheduler MultiConnector records n instead of n - 1 extra async saves",
+        f"{MULTI}._aggregate_request_finished",
+        "rule: extra_async_saves = delaying children - 1",
+        e.multi_extra_off_by_one,
+        base=FIXED,
+    ),
+    _m(
+        "multi-recv-reported-twice",
+        "the worker MultiConnector reports each finished_recving again at the next call",
+        f"{MULTI}.get_transfer_results",
+        "#51786/#51864",
+        e.multi_results(swallows=lambda i: True, recv_twice=True),
+        base=FIXED,
+        equivalent_because=(
+            "the spec models the producer (P) engine only: P's requests never receive KV "
+            "(no do_remote_prefill), so finished_recving is always empty and a duplicate "
+            "cannot appear; killing it needs the D side in the spec (WAITING_FOR_REMOTE_KVS, "
+            "finished_recving aggregation, the scheduler's assert) and a MultiConnector "
+            "consumer in the driver"
+        ),
+    ),
+]
+
+MUTANTS: dict[str, Mutant] = {m.name: m for m in _ALL}
