@@ -1,10 +1,10 @@
 """Extension traces: named action scripts (conformance/extensions.toml) run on the spec.
 
-The conformance traces (conformance/matrix.toml) are one-request and synchronous; the mutation campaign
-also needs paths they cannot take. Each script names the row it runs on and its actions
-("lease_expire(1, 0)", `Action.parse` syntax); `trace_from_actions` runs it on the
-reference model, so a trace's states are the spec's and a script that leaves the spec's
-paths is an error, not a false kill.
+The conformance traces (conformance/matrix.toml) are one-request and synchronous; the
+mutation campaign also needs paths they cannot take. Each script names the row it runs on
+and its actions ("lease_expire(1, 0)", `Action.parse` syntax); `trace_from_actions` runs
+it on the reference model, so a trace's states are the spec's and a script that leaves
+the spec's paths is an error, not a false kill.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
+from kvspec.drivers.vllm_env import check_device, vllm_logs
 from kvspec.extensions import extension_traces
 from kvspec.itf import JSON
 from kvspec.mutations import Base, Mutant, patched
@@ -179,9 +180,14 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    try:
-        from kvspec.drivers.vllm_env import check_device
+    with vllm_logs("mutants", args.verbose) as log:
+        if log is not None:
+            print(f"vLLM's log: {log}", file=sys.stderr)
+        return _campaign(args, names)
 
+
+def _campaign(args: argparse.Namespace, names: list[str]) -> int:
+    try:
         check_device(args.device)
     except Exception as exc:  # DriverUnavailable, or vLLM/NIXL failing to import
         print(
@@ -215,3 +221,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--only", action="append", default=[], metavar="NAME", help="mutant(s)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument(
+        "--verbose", action="store_true", help="vLLM's log on the terminal, not build/logs/"
+    )

@@ -12,6 +12,7 @@ import importlib.metadata
 import importlib.util
 import json
 import platform
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -86,16 +87,19 @@ def _stage_conform(args: argparse.Namespace) -> dict[str, Any] | None:
         run_conform = conform_mod.run_conform
     except (ImportError, AttributeError) as exc:
         return {"not_run": f"vllm driver unavailable ({exc})"}
-    from kvspec.drivers.vllm_env import DriverUnavailable
+    from kvspec.drivers.vllm_env import DriverUnavailable, vllm_logs
 
     try:
-        result: dict[str, Any] = run_conform(
-            driver="vllm",
-            device=args.device,
-            results_path=args.check_json,
-            json_out=args.conform_json,
-            progress=True,
-        )
+        with vllm_logs("review", args.verbose) as log:
+            if log is not None:
+                print(f"vLLM's log: {log}", file=sys.stderr)
+            result: dict[str, Any] = run_conform(
+                driver="vllm",
+                device=args.device,
+                results_path=args.check_json,
+                json_out=args.conform_json,
+                progress=True,
+            )
     except DriverUnavailable as exc:
         return {"not_run": f"vllm driver unavailable on {args.device} ({exc})"}
     return result

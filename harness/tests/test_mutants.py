@@ -126,3 +126,12 @@ def test_mutant_is_killed(name: str, trace_prefix: str, step: int | None) -> Non
     assert out.trace is not None and out.trace.startswith(trace_prefix), out.trace
     if step is not None:
         assert out.step == step
+
+
+def test_cli_unknown_mutant_and_verbose(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvspec.cli import build_parser, main
+
+    assert main(["mutants", "--only", "no-such-mutant"]) == 2
+    assert "unknown mutant(s) no-such-mutant" in capsys.readouterr().err
+    assert build_parser().parse_args(["mutants", "--verbose"]).verbose
+    assert not build_parser().parse_args(["review"]).verbose
