@@ -35,9 +35,8 @@ import atexit
 import contextlib
 import itertools
 import os
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -51,12 +50,8 @@ from kvspec.drivers.vllm_env import (
     kv_cache_config,
     vllm_config,
 )
-from kvspec.matrix import Topology
-
-WAIT_TIMEOUT_S = 10.0
-
-class ClusterError(RuntimeError):
-    """A wait timed out or the cluster could not be brought to a consistent state."""
+from kvspec.drivers.vllm_inbox import ClusterError, NotifInbox, wait_until
+from kvspec.matrix import ModelRow, Topology
 
 
 @contextlib.contextmanager
@@ -88,70 +83,20 @@ def tp_identity(tp_rank: int, tp_size: int) -> Iterator[None]:
         group.rank_in_group, group.world_size = saved
 
 
-class NotifInbox:
-    """Notifications that reached one producer rank's NIXL agent.
-
-    vLLM's `_get_new_notifs` reads them through `nixl_wrapper.get_new_notifs()`; that call
-    is routed here. A read's "req:1" notification is held from its arrival until the
-    spec's `consumer_get_finished` delivers it (network delay is the spec's, so the driver
-    decides when it lands); delivered but unread ones are the spec's `notif`.
-    """
-
-    def __init__(self, wrapper: Any) -> None:
-        self.wrapper = wrapper
-        self._poll_agent = wrapper.get_new_notifs  # the real bound method
-        self.arrived: list[tuple[str, bytes]] = []
-        self.delivered: list[tuple[str, bytes]] = []
-        wrapper.get_new_notifs = self.get_new_notifs
-
-    def poll(self) -> None:
-        for agent, msgs in self._poll_agent().items():
-            self.arrived.extend((agent, m) for m in msgs)
-
-    def get_new_notifs(self, backends: list[str] | None = None) -> dict[str, list[bytes]]:
-        self.poll()
-        out: dict[str, list[bytes]] = {}
-        for agent, msg in self.delivered:
-            out.setdefault(agent, []).append(msg)
-        self.delivered = []
-        return out
-
-    def wait_arrived(self, msg: bytes, timeout: float) -> tuple[str, bytes]:
-        deadline = time.monotonic() + timeout
-        while True:
-            self.poll()
-            for item in self.arrived:
-                if item[1] == msg:
-                    self.arrived.remove(item)
-                    return item
-            if time.monotonic() > deadline:
-                raise ClusterError(f"notification {msg!r} did not arrive in {timeout}s")
-            time.sleep(0.0005)
-
-    def reset(self) -> None:
-        self.poll()
-        self.arrived.clear()
-        self.delivered.clear()
-
-    def restore(self) -> None:
-        with contextlib.suppress(AttributeError):
-            del self.wrapper.get_new_notifs
+PoolKey = tuple[str, Topology, int, int, bool, str]
 
 
-@dataclass(frozen=True)
-class ClusterKey:
-    composition: str
-    tp: int
-    pp: int
-    pcp: int
-    nreq: int
-    capacity: int
-    async_scheduling: bool
-    device: str
-
-    @property
-    def topology(self) -> Topology:
-        return Topology(self.tp, self.pp, self.pcp)
+def pool_key(row: ModelRow, device: str) -> PoolKey:
+    """What a cluster is built from: the row's constants except its variant (the variant is
+    vLLM's code, shipped or patched, not the cluster's shape), and the device."""
+    return (
+        row.composition,
+        row.topology,
+        row.requests,
+        row.capacity,
+        row.async_scheduling,
+        device,
+    )
 
 
 _SEQ = itertools.count()
@@ -159,9 +104,11 @@ _SEQ = itertools.count()
 
 @dataclass
 class Cluster:
-    """Built once per ClusterKey and reused (see module docstring)."""
+    """Built once per pool key and reused (see module docstring)."""
 
-    key: ClusterKey
+    key: PoolKey
+    composition: str
+    topology: Topology
     api: SimpleNamespace
     engine_id: str
     cfg: Any
@@ -176,20 +123,18 @@ class Cluster:
     listener: Any  # scheduler-role NixlConnector that served the handshake
     store_engine: Any | None
     closed: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def world_size(self) -> int:
-        return self.key.topology.world_size
+        return self.topology.world_size
 
     def consumer_of(self, w: int) -> int:
         """The consumer (its index, = its TP rank) that reads from producer rank w."""
-        return self.key.topology.rank_coords(w).tp
+        return self.topology.rank_coords(w).tp
 
     def nixl(self, w: int) -> Any:
         """The NIXL connector (the MultiConnector's first child) of rank w."""
-        c = self.workers[w]
-        return c._connectors[0] if self.key.composition != "nixl" else c
+        return _nixl(self.workers[w], self.composition)
 
     def nixl_worker(self, w: int) -> Any:
         return self.nixl(w).connector_worker
@@ -203,9 +148,9 @@ class Cluster:
             nw.consumer_notification_counts_by_req.clear()
             nw.expected_consumer_notifications_by_req.clear()
             self.inboxes[w].reset()
-            if self.key.composition != "nixl":
+            if self.composition != "nixl":
                 self.workers[w]._extra_async_saves.clear()
-            if self.key.composition == "multi-nixl-offload-upstream":
+            if self.composition == "multi-nixl-offload-upstream":
                 from kvspec.drivers import offload_upstream
 
                 offload_upstream.reset_worker(self.workers[w]._connectors[1])
@@ -214,19 +159,16 @@ class Cluster:
             self.store_engine.reset()
         for t, cons in enumerate(self.consumers):
             cw = cons.connector_worker
-            deadline = time.monotonic() + WAIT_TIMEOUT_S
-            while cw._recving_transfers and time.monotonic() < deadline:
+
+            def drained(t: int = t, cw: Any = cw) -> bool:
+                # A READ the trace left in flight: vLLM releases its handle when it is
+                # reported done (get_transfer_results), so the next trace starts clean.
                 self.consumer_poll(t)
-                time.sleep(0.001)
-            for handles in cw._recving_transfers.values():
-                for h in handles:
-                    with contextlib.suppress(Exception):
-                        cw.nixl_wrapper.release_xfer_handle(h)
-            cw._recving_transfers.clear()
+                return not cw._recving_transfers
+
+            wait_until(drained, f"consumer {t}'s READs in flight")
             cw._recving_metadata.clear()
             cw._recv_failures.clear()
-        # Late notifications of reads finished in the previous trace.
-        time.sleep(0.002)
         for ib in self.inboxes:
             ib.reset()
 
@@ -261,134 +203,49 @@ class Cluster:
         self.consumers_caches.clear()
 
 
-def build_cluster(key: ClusterKey) -> Cluster:
-    plan = device_plan(key.device)
-    api = check_device(key.device)
-    if key.pp != 1:
+def build_cluster(row: ModelRow, device: str) -> Cluster:
+    plan = device_plan(device)
+    api = check_device(device)
+    topo = row.topology
+    if topo.pp != 1:
         raise DriverUnavailable(PP_UNAVAILABLE)
     n = next(_SEQ)
     engine_id = f"kvspec-P-{os.getpid()}-{n}"
     port = free_port()
     os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(port)
     os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "127.0.0.1"
-    W = key.topology.world_size
+    blocks = row.capacity + 1  # + vLLM's null block
     cfg = vllm_config(
-        api,
-        "kv_producer",
-        engine_id,
-        key.composition,
-        key.tp,
-        key.pp,
-        key.pcp,
-        key.capacity + 1,  # + vLLM's null block
-        key.async_scheduling,
-        key.device,
+        api, "kv_producer", engine_id, row.composition, topo, blocks, row.async_scheduling, device
     )
     kc = kv_cache_config(api, cfg)
-    device = api.torch.device(key.device)
-    layout = cfg.cache_config.get_resolved_kv_cache_layout()
-    workers: list[Any] = []
-    caches: list[dict[str, Any]] = []
-    inboxes: list[NotifInbox] = []
     gen = api.torch.Generator().manual_seed(1234 + n)
-    for w in range(W):
-        coords = key.topology.rank_coords(w)
-        tp_rank = coords.tp
-        cfg.parallel_config.rank = w  # read once, by the offloading spec's config
-        with api.set_current_vllm_config(cfg), _keep_affinity(), tp_identity(tp_rank, key.tp):
-            conn = api.KVConnectorFactory.create_connector(
-                config=cfg, role=api.KVConnectorRole.WORKER, kv_cache_config=kc
-            )
-        nixl = conn if key.composition == "nixl" else conn._connectors[0]
-        nw = nixl.connector_worker
-        # Rank identity (spec layout); vLLM reads it from the PCP group.
-        nw.pcp_rank = coords.pcp
-        nw.pcp_dcp_sharded = False
-        if key.composition == "multi-nixl-offload-delaying":
-            conn._connectors[1].rank = w
-        kv = api.allocate_kv_cache(kc, device, layout)
-        for t in kv.values():
-            # Drawn on the host (one seeded generator for every device), copied in.
-            t.copy_(api.torch.randn(t.shape, generator=gen, dtype=t.dtype))
-        _settle(api, plan)  # NIXL must not READ a cache whose fill is still queued
-        with api.set_current_vllm_config(cfg), tp_identity(tp_rank, key.tp):
-            conn.register_kv_caches(kv)
-        _check_registration(nw, plan, f"producer rank {w}")
-        workers.append(conn)
-        caches.append(kv)
-        inboxes.append(NotifInbox(nw.nixl_wrapper))
+    workers, caches = _build_producers(api, cfg, kc, row.composition, topo, plan, gen)
+    inboxes = [NotifInbox(_nixl(c, row.composition).connector_worker.nixl_wrapper) for c in workers]
     cfg.parallel_config.rank = 0
-    # The producer engine's side channel: a scheduler-role NixlConnector serving every
-    # published rank's handshake metadata, keyed by (pp, tp) as the engine collects it.
-    lcfg = vllm_config(
-        api,
-        "kv_producer",
-        engine_id,
-        "nixl",
-        key.tp,
-        key.pp,
-        key.pcp,
-        key.capacity + 1,
-        False,
-        key.device,
-    )
-    kv_cache_config(api, lcfg)
-    with api.set_current_vllm_config(lcfg):
-        listener = api.KVConnectorFactory.create_connector(
-            config=lcfg, role=api.KVConnectorRole.SCHEDULER, kv_cache_config=kc
-        )
-    md: dict[tuple[int, int], Any] = {}
-    for w, conn in enumerate(workers):
-        h = conn.get_handshake_metadata()
-        if h is not None:
-            coords = key.topology.rank_coords(w)
-            md[(coords.pp, coords.tp)] = h
-    listener.set_xfer_handshake_metadata_pp_aware(md)
-    # Decode side: one consumer worker per TP rank (D has tp = P's tp, pp = 1, pcp = 1),
-    # each its own agent and caches; each handshakes with the producer rank(s) its
-    # transfer topology maps it to (with equal TP: the producer of the same tp rank).
+    listener = _serve_handshakes(api, kc, engine_id, workers, topo, blocks, device)
     dcfg = vllm_config(
         api,
         "kv_consumer",
         f"kvspec-D-{os.getpid()}-{n}",
         "nixl",
-        key.tp,
-        1,
-        1,
-        key.nreq + 1,
+        Topology(topo.tp, 1, 1),
+        row.requests + 1,
         False,
-        key.device,
+        device,
     )
-    dkc = kv_cache_config(api, dcfg)
-    consumers: list[Any] = []
-    consumers_caches: list[dict[str, Any]] = []
-    for t in range(key.tp):
-        with api.set_current_vllm_config(dcfg), _keep_affinity(), tp_identity(t, key.tp):
-            consumer = api.KVConnectorFactory.create_connector(
-                config=dcfg, role=api.KVConnectorRole.WORKER, kv_cache_config=dkc
-            )
-        dkv = api.allocate_kv_cache(dkc, device, layout)
-        with api.set_current_vllm_config(dcfg), tp_identity(t, key.tp):
-            consumer.register_kv_caches(dkv)
-        _check_registration(consumer.connector_worker, plan, f"consumer tp rank {t}")
-        consumers.append(consumer)
-        consumers_caches.append(dkv)
-        cw = consumer.connector_worker
-        fut = cw._ensure_handshake(engine_id, "127.0.0.1", port, key.tp)
-        deadline = time.monotonic() + WAIT_TIMEOUT_S
-        while fut is not None and engine_id not in cw._remote_agents:
-            if fut.done() and fut.exception() is not None:
-                raise ClusterError(f"NIXL handshake with the producer failed: {fut.exception()}")
-            if time.monotonic() > deadline:
-                raise ClusterError("NIXL handshake with the producer timed out")
-            time.sleep(0.001)
+    consumers, consumers_caches = _build_consumers(api, dcfg, plan, topo.tp)
+    for cons in consumers:
+        _handshake(cons.connector_worker, engine_id, port, topo.tp)
     # The handshake is done; the listener thread may stop (it exits within 1 s).
     listener.connector_scheduler._stop_event.set()
     store = None
-    if key.composition == "multi-nixl-offload-delaying":
+    if row.composition == "multi-nixl-offload-delaying":
         store = workers[0]._connectors[1].engine
     return Cluster(
-        key=key,
+        key=pool_key(row, device),
+        composition=row.composition,
+        topology=topo,
         api=api,
         engine_id=engine_id,
         cfg=cfg,
@@ -401,6 +258,116 @@ def build_cluster(key: ClusterKey) -> Cluster:
         listener=listener,
         store_engine=store,
     )
+
+
+def _nixl(conn: Any, composition: str) -> Any:
+    """The NIXL connector of a worker (a MultiConnector's first child)."""
+    return conn if composition == "nixl" else conn._connectors[0]
+
+
+def _build_producers(
+    api: SimpleNamespace,
+    cfg: Any,
+    kc: Any,
+    composition: str,
+    topo: Topology,
+    plan: DevicePlan,
+    gen: Any,
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    """One worker-role connector per rank over its own KV caches, filled with seeded noise
+    (a READ of a zero block would match an unread one) and registered with its NIXL agent."""
+    device = api.torch.device(plan.device)
+    layout = cfg.cache_config.get_resolved_kv_cache_layout()
+    workers: list[Any] = []
+    caches: list[dict[str, Any]] = []
+    for w in range(topo.world_size):
+        coords = topo.rank_coords(w)
+        cfg.parallel_config.rank = w  # read once, by the offloading spec's config
+        with api.set_current_vllm_config(cfg), _keep_affinity(), tp_identity(coords.tp, topo.tp):
+            conn = api.KVConnectorFactory.create_connector(
+                config=cfg, role=api.KVConnectorRole.WORKER, kv_cache_config=kc
+            )
+        nw = _nixl(conn, composition).connector_worker
+        # Rank identity (spec layout); vLLM reads it from the PCP group.
+        nw.pcp_rank = coords.pcp
+        nw.pcp_dcp_sharded = False
+        if composition == "multi-nixl-offload-delaying":
+            conn._connectors[1].rank = w
+        kv = api.allocate_kv_cache(kc, device, layout)
+        for t in kv.values():
+            # Drawn on the host (one seeded generator for every device), copied in.
+            t.copy_(api.torch.randn(t.shape, generator=gen, dtype=t.dtype))
+        _settle(api, plan)  # NIXL must not READ a cache whose fill is still queued
+        with api.set_current_vllm_config(cfg), tp_identity(coords.tp, topo.tp):
+            conn.register_kv_caches(kv)
+        _check_registration(nw, plan, f"producer rank {w}")
+        workers.append(conn)
+        caches.append(kv)
+    return workers, caches
+
+
+def _serve_handshakes(
+    api: SimpleNamespace,
+    kc: Any,
+    engine_id: str,
+    workers: list[Any],
+    topo: Topology,
+    blocks: int,
+    device: str,
+) -> Any:
+    """The producer engine's side channel: a scheduler-role NixlConnector serving every
+    published rank's handshake metadata, keyed by (pp, tp) as the engine collects it."""
+    lcfg = vllm_config(api, "kv_producer", engine_id, "nixl", topo, blocks, False, device)
+    kv_cache_config(api, lcfg)
+    with api.set_current_vllm_config(lcfg):
+        listener = api.KVConnectorFactory.create_connector(
+            config=lcfg, role=api.KVConnectorRole.SCHEDULER, kv_cache_config=kc
+        )
+    md: dict[tuple[int, int], Any] = {}
+    for w, conn in enumerate(workers):
+        h = conn.get_handshake_metadata()
+        if h is not None:
+            coords = topo.rank_coords(w)
+            md[(coords.pp, coords.tp)] = h
+    listener.set_xfer_handshake_metadata_pp_aware(md)
+    return listener
+
+
+def _build_consumers(
+    api: SimpleNamespace, dcfg: Any, plan: DevicePlan, tp: int
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    """Decode side: one consumer worker per TP rank (D has tp = P's tp, pp = 1, pcp = 1),
+    each with its own agent and caches."""
+    dkc = kv_cache_config(api, dcfg)
+    device = api.torch.device(plan.device)
+    layout = dcfg.cache_config.get_resolved_kv_cache_layout()
+    consumers: list[Any] = []
+    consumers_caches: list[dict[str, Any]] = []
+    for t in range(tp):
+        with api.set_current_vllm_config(dcfg), _keep_affinity(), tp_identity(t, tp):
+            consumer = api.KVConnectorFactory.create_connector(
+                config=dcfg, role=api.KVConnectorRole.WORKER, kv_cache_config=dkc
+            )
+        dkv = api.allocate_kv_cache(dkc, device, layout)
+        with api.set_current_vllm_config(dcfg), tp_identity(t, tp):
+            consumer.register_kv_caches(dkv)
+        _check_registration(consumer.connector_worker, plan, f"consumer tp rank {t}")
+        consumers.append(consumer)
+        consumers_caches.append(dkv)
+    return consumers, consumers_caches
+
+
+def _handshake(cw: Any, engine_id: str, port: int, tp: int) -> None:
+    """A consumer's real handshake over the side channel, with the producer rank(s) its
+    transfer topology maps it to (with equal TP: the producer of the same tp rank)."""
+    fut = cw._ensure_handshake(engine_id, "127.0.0.1", port, tp)
+
+    def done() -> bool:
+        if fut is not None and fut.done() and fut.exception() is not None:
+            raise ClusterError(f"NIXL handshake with the producer failed: {fut.exception()}")
+        return fut is None or engine_id in cw._remote_agents
+
+    wait_until(done, "the NIXL handshake with the producer")
 
 
 def _settle(api: SimpleNamespace, plan: DevicePlan) -> None:
@@ -422,17 +389,18 @@ def _check_registration(nixl_worker: Any, plan: DevicePlan, who: str) -> None:
         )
 
 
-_POOL: dict[ClusterKey, list[Cluster]] = {}
+_POOL: dict[PoolKey, list[Cluster]] = {}
 _LIVE: list[Cluster] = []
 
 
-def acquire(key: ClusterKey) -> Cluster:
-    idle = _POOL.setdefault(key, [])
+def acquire(row: ModelRow, device: str) -> Cluster:
+    """A reset cluster for `row` on `device`: a pooled one of its key, or a new one."""
+    idle = _POOL.setdefault(pool_key(row, device), [])
     if idle:
         c = idle.pop()
         c.reset()
         return c
-    c = build_cluster(key)
+    c = build_cluster(row, device)
     _LIVE.append(c)
     return c
 

@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
+import os
 import socket
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+from kvspec.matrix import Topology
 
 # The model config vLLM reads (architecture, dtype, sizes); no weights are loaded.
 TINY_MODEL = Path(str(files("kvspec") / "data" / "tiny-opt"))
@@ -28,6 +34,9 @@ HEAD_SIZE = 32
 MAX_MODEL_LEN = 256
 # Leases never run out by wall-clock during a trace: time is the lease_expire action's.
 LEASE_SECONDS = 3600
+LOG_DIR = Path(__file__).resolve().parents[3] / "build" / "logs"
+# vLLM's loggers are children of "vllm"; NIXL's Python API logs under "nixl".
+CHATTY_LOGGERS = ("vllm", "nixl")
 
 
 PP_UNAVAILABLE = (
@@ -175,7 +184,7 @@ def vllm_api() -> SimpleNamespace:
     # Only the process group is built from this config; its device is the platform's.
     on_gpu = current_platform.device_type == "cuda" and api.torch.cuda.is_available()
     boot = "cuda" if on_gpu else "cpu"
-    cfg = vllm_config(api, "kv_producer", "kvspec-boot", "nixl", 1, 1, 1, 1, False, boot)
+    cfg = vllm_config(api, "kv_producer", "kvspec-boot", "nixl", Topology(1, 1, 1), 1, False, boot)
     with api.set_current_vllm_config(cfg):
         api.init_distributed_environment(
             world_size=1,
@@ -222,13 +231,12 @@ def vllm_config(
     role: str,
     engine_id: str,
     composition: str,
-    tp: int,
-    pp: int,
-    pcp: int,
+    topology: Topology,
     blocks: int,
     async_scheduling: bool,
     device: str,
 ) -> Any:
+    """The VllmConfig of one engine role (kv_producer / kv_consumer) with `blocks` KV blocks."""
     plan = device_plan(device)
     nixl = nixl_transfer_config(role, plan)
     if composition == "nixl" or role == "kv_consumer":
@@ -282,10 +290,10 @@ def vllm_config(
     # Topology the connectors read from the config; ranks are set per worker (tp_identity,
     # pcp_rank by hand), as vLLM would derive them from its process groups.
     pc = cfg.parallel_config
-    pc.tensor_parallel_size = tp
-    pc.pipeline_parallel_size = pp
-    pc.prefill_context_parallel_size = pcp
-    pc.world_size = tp * pp * pcp
+    pc.tensor_parallel_size = topology.tp
+    pc.pipeline_parallel_size = topology.pp
+    pc.prefill_context_parallel_size = topology.pcp
+    pc.world_size = topology.world_size
     return cfg
 
 
@@ -306,3 +314,54 @@ def kv_cache_config(api: SimpleNamespace, cfg: Any) -> Any:
     return kc
 
 
+@dataclass
+class _Saved:
+    handlers: list[logging.Handler]
+    level: int
+    propagate: bool
+
+
+@contextlib.contextmanager
+def vllm_logs(
+    command: str, verbose: bool = False, log_dir: Path = LOG_DIR
+) -> Iterator[Path | None]:
+    """Send vLLM's and NIXL's log records to `log_dir/<command>-<YYYYmmdd-HHMMSS>.log`
+    while the block runs (yields the path; None with `verbose`, which leaves them on the
+    terminal). Every logger is restored on exit.
+
+    Where the lines come from: vLLM 0.32 installs its handler only in its engine entry
+    points (vllm.logger.configure_logging), which the driver never runs, so its records
+    ("Initializing KVConnectorBase_V1 ...", one per connector) propagate to the root logger
+    and reach the terminal through logging.lastResort or whatever handler the host
+    installed. NIXL's Python API configures the "nixl" logger itself at import (a
+    StreamHandler on stdout, INFO: one "Initialized NIXL agent" per agent), which is why
+    it is imported before its handlers are taken over. UCX and NIXL's C++ core print to the
+    file descriptors only on errors, and those stay on the terminal.
+    """
+    if verbose:
+        yield None
+        return
+    with contextlib.suppress(ImportError):
+        importlib.import_module("nixl")  # runs its dictConfig now, not inside the block
+    log_dir.mkdir(parents=True, exist_ok=True)
+    path = log_dir / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    saved: dict[str, _Saved] = {}
+    for name in CHATTY_LOGGERS:
+        lg = logging.getLogger(name)
+        saved[name] = _Saved(list(lg.handlers), lg.level, lg.propagate)
+        lg.handlers = [handler]
+        lg.propagate = False
+        if lg.level == logging.NOTSET:
+            # vLLM's own default (VLLM_LOGGING_LEVEL), so the file has its INFO lines.
+            lg.setLevel(os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper())
+    try:
+        yield path
+    finally:
+        for name, sv in saved.items():
+            lg = logging.getLogger(name)
+            lg.handlers = sv.handlers
+            lg.setLevel(sv.level)
+            lg.propagate = sv.propagate
+        handler.close()

@@ -1,0 +1,101 @@
+"""NIXL notifications under the driver's control, and the bounded waits of the vLLM driver.
+
+Real NIXL work (a READ, a notification, the handshake) completes on UCX's threads, so the
+driver waits for it. Those waits only guard against a hang: in a healthy run they end in
+milliseconds, so they are bounded by HANG_TIMEOUT_S, generous enough that no load on the
+machine makes a healthy run miss it. `wait_until` takes its clock and sleep as arguments,
+so a test decides a timeout by construction instead of by racing the wall clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+HANG_TIMEOUT_S = 120.0
+POLL_INTERVAL_S = 0.0005
+
+
+class ClusterError(RuntimeError):
+    """A wait timed out or the cluster could not be brought to a consistent state."""
+
+
+def wait_until(
+    done: Callable[[], bool],
+    what: str,
+    timeout: float = HANG_TIMEOUT_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Poll `done` until it holds; ClusterError("<what> ...") once `timeout` has passed."""
+    deadline = clock() + timeout
+    while not done():
+        if clock() > deadline:
+            raise ClusterError(f"{what} did not happen in {timeout}s")
+        sleep(POLL_INTERVAL_S)
+
+
+class NotifInbox:
+    """Notifications that reached one producer rank's NIXL agent.
+
+    vLLM's `_get_new_notifs` reads them through `nixl_wrapper.get_new_notifs()`; that call
+    is routed here. A read's "req:1" notification is held from its arrival until the
+    spec's `consumer_get_finished` delivers it (network delay is the spec's, so the driver
+    decides when it lands); delivered but unread ones are the spec's `notif`.
+    """
+
+    def __init__(self, wrapper: Any) -> None:
+        self.wrapper = wrapper
+        self._poll_agent = wrapper.get_new_notifs  # the real bound method
+        self.arrived: list[tuple[str, bytes]] = []
+        self.delivered: list[tuple[str, bytes]] = []
+        wrapper.get_new_notifs = self.get_new_notifs
+
+    def poll(self) -> None:
+        for agent, msgs in self._poll_agent().items():
+            self.arrived.extend((agent, m) for m in msgs)
+
+    def get_new_notifs(self, backends: list[str] | None = None) -> dict[str, list[bytes]]:
+        self.poll()
+        out: dict[str, list[bytes]] = {}
+        for agent, msg in self.delivered:
+            out.setdefault(agent, []).append(msg)
+        self.delivered = []
+        return out
+
+    def take_arrived(self, msg: bytes) -> tuple[str, bytes] | None:
+        """Remove and return the first arrived (agent, msg); None if it has not arrived."""
+        self.poll()
+        for item in self.arrived:
+            if item[1] == msg:
+                self.arrived.remove(item)
+                return item
+        return None
+
+    def wait_arrived(self, msg: bytes) -> tuple[str, bytes]:
+        """The arrived (agent, msg), once it has arrived."""
+        got: list[tuple[str, bytes]] = []
+
+        def arrived() -> bool:
+            item = self.take_arrived(msg)
+            if item is not None:
+                got.append(item)
+            return item is not None
+
+        wait_until(arrived, f"notification {msg!r}")
+        return got[0]
+
+    def reset(self) -> None:
+        """Forget every notification. One that a previous trace's READ sends after this
+        lands in `arrived` and stays invisible (only `delivered` is the spec's `notif`):
+        it carries the same agent and message as the one a later trace would wait for,
+        so matching it instead changes nothing the spec observes."""
+        self.poll()
+        self.arrived.clear()
+        self.delivered.clear()
+
+    def restore(self) -> None:
+        with contextlib.suppress(AttributeError):
+            del self.wrapper.get_new_notifs
