@@ -27,9 +27,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvspec import itf
+from kvspec.diagram import render_steps
+from kvspec.itf import JSON
 from kvspec.matrix import (
     DEFAULT_MATRIX,
     INVARIANTS,
@@ -56,7 +57,7 @@ class PropertyResult:
     verdict: str  # holds | violated | error | timeout
     distinct_states: int | None
     seconds: float
-    counterexample: dict[str, Any] | None = None
+    counterexample: dict[str, JSON] | None = None
     error: str | None = None
     log_path: str | None = None
 
@@ -64,16 +65,9 @@ class PropertyResult:
     def ok(self) -> bool:
         return self.verdict == self.expected
 
-    def to_json(self) -> dict[str, Any]:
-        topo = self.model.topology
+    def to_json(self) -> dict[str, JSON]:
         return {
-            "model": self.model.name,
-            "variant": self.model.variant,
-            "composition": self.model.composition,
-            "topology": {"tp": topo.tp, "pp": topo.pp, "pcp": topo.pcp},
-            "requests": self.model.requests,
-            "capacity": self.model.capacity,
-            "async_scheduling": self.model.async_scheduling,
+            **self.model.to_meta(),
             "property": self.prop,
             "expected": self.expected,
             "verdict": self.verdict,
@@ -85,14 +79,42 @@ class PropertyResult:
         }
 
 
-def _annotate_actions(row: ModelRow, doc: dict[str, Any]) -> dict[str, Any]:
-    """Give each counterexample step its action parameters ("lease_expire(1, 0)").
+Runner = Callable[[ModelRow, list[str], list[str], Path], TLCResult]
 
-    TLC 2.15 prints only the operator name; `Model.label_path` recovers the instance.
-    """
+
+@dataclass(frozen=True)
+class TLCRunner:
+    """The `Runner` that model-checks: one TLC run of `row` with these invariants and
+    temporal properties, its cfg and logs under `work`. A parameter of every check
+    function so that tests decide TLC's verdicts (a timeout, say) by construction."""
+
+    timeout_s: float = TIMEOUT_S
+
+    def __call__(
+        self, row: ModelRow, invariants: list[str], properties: list[str], work: Path
+    ) -> TLCResult:
+        work.mkdir(parents=True, exist_ok=True)
+        tag = ("joint" if properties else "safety") if invariants else "-".join(properties)
+        cfg = work / f"{tag}.cfg"
+        cfg.write_text(row.cfg_text(invariants, properties))
+        return run_tlc(
+            SPEC_FILE, cfg, deadlock=False, timeout_s=self.timeout_s, log_dir=work / "tlc",
+            fp=0, seed=0,
+        )  # fmt: skip
+
+
+TLC = TLCRunner()
+
+
+def _counterexample(row: ModelRow, trace: Trace | None, prop: str) -> dict[str, JSON] | None:
+    """TLC's counterexample as ITF, self-describing: the row's constants and the property
+    in `#meta`, and each step's action instance ("lease_expire(1, 0)"), which TLC 2.15
+    does not print (it names the operator only; `Model.label_path` recovers the rest)."""
+    if trace is None:
+        return None
+    doc = itf.trace_to_itf(trace, source=str(SPEC_FILE.relative_to(REPO)), description=prop)
+    doc["#meta"].update(row.to_meta(), property=prop)
     states = doc["states"]
-    if not states:
-        return doc
     names = [str(st["#meta"]["action"]) for st in states[1:]]
     try:
         labels = Model(row).label_path([from_itf(row, st) for st in states], names)
@@ -104,166 +126,101 @@ def _annotate_actions(row: ModelRow, doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def _counterexample(row: ModelRow, trace: Trace | None, prop: str) -> dict[str, Any] | None:
-    if trace is None:
-        return None
-    doc = itf.trace_to_itf(trace, source=str(SPEC_FILE.relative_to(REPO)), description=prop)
-    doc["#meta"]["model"] = row.name
-    doc["#meta"]["property"] = prop
-    return _annotate_actions(row, doc)
-
-
-def _run(row: ModelRow, invariants: list[str], properties: list[str], work: Path) -> TLCResult:
-    work.mkdir(parents=True, exist_ok=True)
-    tag = ("joint" if properties else "safety") if invariants else "-".join(properties)
-    cfg = work / f"{tag}.cfg"
-    cfg.write_text(row.cfg_text(invariants, properties))
-    return run_tlc(
-        SPEC_FILE, cfg, deadlock=False, timeout_s=TIMEOUT_S, log_dir=work / "tlc", fp=0, seed=0
-    )
+def _decided(
+    row: ModelRow, props: Sequence[str], res: TLCResult, cex: dict[str, JSON] | None = None
+) -> list[PropertyResult]:
+    """`props` got TLC's verdict `res` (holds, or violated with counterexample `cex`)."""
+    return [
+        PropertyResult(row, p, row.expect[p], res.verdict, res.distinct_states, res.seconds,
+                       counterexample=cex, log_path=str(res.log_path))
+        for p in props
+    ]  # fmt: skip
 
 
 def _failed(row: ModelRow, props: Sequence[str], res: TLCResult) -> list[PropertyResult]:
+    """`props` got no verdict from `res` (an error or timeout, or one TLC cannot name)."""
     verdict = res.verdict if res.verdict in ("error", "timeout") else "error"
     error = res.error or f"TLC verdict {res.verdict}; raw log: {res.log_path}"
     return [
-        PropertyResult(
-            row,
-            p,
-            row.expect[p],
-            verdict,
-            res.distinct_states,
-            res.seconds,
-            error=error,
-            log_path=str(res.log_path),
-        )
+        PropertyResult(row, p, row.expect[p], verdict, res.distinct_states, res.seconds,
+                       error=error, log_path=str(res.log_path))
         for p in props
-    ]
+    ]  # fmt: skip
 
 
-def check_joint(row: ModelRow, work: Path) -> tuple[list[PropertyResult], list[str]]:
+def check_joint(
+    row: ModelRow, work: Path, run: Runner = TLC
+) -> tuple[list[PropertyResult], list[str]]:
     """The joint run (module docstring): its results, and the properties still to decide."""
     every = [p for p in INVARIANTS + REACHABILITY + TEMPORAL if p in row.expect]
     invariants = [p for p in INVARIANTS + REACHABILITY if row.expect.get(p) == "holds"]
     temporal = [p for p in TEMPORAL if row.expect.get(p) == "holds"]
     if not invariants or not temporal:
         return [], every
-    res = _run(row, invariants, temporal, work)
+    res = run(row, invariants, temporal, work)
     if res.verdict == "timeout":
         # Checking the temporal properties alone costs at least what the joint run did, so
         # running them again would only double the wait: they time out here, and only the
         # invariants (a cheaper safety run) are decided again.
-        timed_out = _failed(row, temporal, res)
-        return timed_out, [p for p in every if p not in temporal]
+        return _failed(row, temporal, res), [p for p in every if p not in temporal]
     if res.verdict != "holds":
         return [], every
-    held = [
-        PropertyResult(
-            row, p, "holds", "holds", res.distinct_states, res.seconds, log_path=str(res.log_path)
-        )
-        for p in invariants + temporal
-    ]
-    return held, [p for p in every if p not in invariants + temporal]
+    decided = invariants + temporal
+    return _decided(row, decided, res), [p for p in every if p not in decided]
 
 
 def check_safety(
-    row: ModelRow, work: Path, only: Sequence[str] | None = None
+    row: ModelRow, work: Path, only: Sequence[str] | None = None, run: Runner = TLC
 ) -> list[PropertyResult]:
     pending = [
         p for p in INVARIANTS + REACHABILITY if p in row.expect and (only is None or p in only)
     ]
     out: list[PropertyResult] = []
     while pending:
-        res = _run(row, pending, [], work)
+        res = run(row, pending, [], work)
         if res.verdict == "holds":
-            out += [
-                PropertyResult(
-                    row,
-                    p,
-                    row.expect[p],
-                    "holds",
-                    res.distinct_states,
-                    res.seconds,
-                    log_path=str(res.log_path),
-                )
-                for p in pending
-            ]
-            break
-        if res.verdict != "violated" or res.violated_property not in pending:
-            out += _failed(row, pending, res)
-            break
+            return out + _decided(row, pending, res)
         prop = res.violated_property
-        out.append(
-            PropertyResult(
-                row,
-                prop,
-                row.expect[prop],
-                "violated",
-                res.distinct_states,
-                res.seconds,
-                counterexample=_counterexample(row, res.counterexample, prop),
-                log_path=str(res.log_path),
-            )
-        )
+        if res.verdict != "violated" or prop is None or prop not in pending:
+            return out + _failed(row, pending, res)
+        out += _decided(row, [prop], res, _counterexample(row, res.counterexample, prop))
         pending.remove(prop)
     return out
 
 
-def _temporal_one(row: ModelRow, prop: str, work: Path) -> PropertyResult:
-    res = _run(row, [], [prop], work)
-    if res.verdict in ("holds", "violated"):
-        return PropertyResult(
-            row,
-            prop,
-            row.expect[prop],
-            res.verdict,
-            res.distinct_states,
-            res.seconds,
-            counterexample=(
-                _counterexample(row, res.counterexample, prop)
-                if res.verdict == "violated"
-                else None
-            ),
-            log_path=str(res.log_path),
-        )
+def _temporal_one(row: ModelRow, prop: str, work: Path, run: Runner) -> PropertyResult:
+    res = run(row, [], [prop], work)
+    if res.verdict == "holds":
+        return _decided(row, [prop], res)[0]
+    if res.verdict == "violated":
+        return _decided(row, [prop], res, _counterexample(row, res.counterexample, prop))[0]
     return _failed(row, [prop], res)[0]
 
 
 def check_liveness(
-    row: ModelRow, work: Path, only: Sequence[str] | None = None
+    row: ModelRow, work: Path, only: Sequence[str] | None = None, run: Runner = TLC
 ) -> list[PropertyResult]:
     props = [p for p in TEMPORAL if p in row.expect and (only is None or p in only)]
     hold = [p for p in props if row.expect[p] == "holds"]
     out: list[PropertyResult] = []
     if len(hold) > 1:
-        res = _run(row, [], hold, work)
+        res = run(row, [], hold, work)
         if res.verdict == "holds":
-            out += [
-                PropertyResult(
-                    row,
-                    p,
-                    "holds",
-                    "holds",
-                    res.distinct_states,
-                    res.seconds,
-                    log_path=str(res.log_path),
-                )
-                for p in hold
-            ]
+            out += _decided(row, hold, res)
             hold = []
         elif res.verdict != "violated":
             out += _failed(row, hold, res)
             hold = []
     for prop in props:
         if prop in hold or row.expect[prop] == "violated":
-            out.append(_temporal_one(row, prop, work))
+            out.append(_temporal_one(row, prop, work, run))
     return out
 
 
-def check_row(row: ModelRow, out_dir: Path) -> list[PropertyResult]:
+def check_row(row: ModelRow, out_dir: Path, run: Runner = TLC) -> list[PropertyResult]:
     work = out_dir / row.name
-    joint, rest = check_joint(row, work)
-    results = joint + check_safety(row, work, rest) + check_liveness(row, work, rest)
+    joint, rest = check_joint(row, work, run)
+    results = joint + check_safety(row, work, rest, run) + check_liveness(row, work, rest, run)
     order = {p: i for i, p in enumerate(INVARIANTS + TEMPORAL + REACHABILITY)}
     return sorted(results, key=lambda r: order[r.prop])
 
@@ -274,15 +231,6 @@ def save_counterexamples(results: list[PropertyResult], out_dir: Path) -> None:
             path = out_dir / res.model.name / f"{res.prop}.itf.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(itf.dumps(res.counterexample))
-
-
-def render_counterexample(doc: dict[str, Any]) -> list[str]:
-    """One line per step; the diagram module renders richer views of the same trace."""
-    try:
-        from kvspec.diagram import render_steps
-    except ImportError:
-        return [f"{i:3d}  {s['#meta']['action']}" for i, s in enumerate(doc["states"])]
-    return render_steps(doc)
 
 
 _COMPOSITION_COST = {"nixl": 1.0, "multi-nixl-offload-upstream": 1.3}
@@ -307,7 +255,8 @@ def run_check(
     progress: bool = True,
     jobs: int = 2,
     on_row: Callable[[ModelRow, list[PropertyResult]], None] | None = None,
-) -> dict[str, Any]:
+    run: Runner = TLC,
+) -> dict[str, JSON]:
     """Check every row; returns the results JSON (also written to json_out)."""
     from rich.progress import Progress
 
@@ -317,7 +266,7 @@ def run_check(
         task = bar.add_task("model checking", total=len(rows))
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             longest_first = sorted(rows, key=estimated_cost, reverse=True)
-            futures = {pool.submit(check_row, row, out_dir): row for row in longest_first}
+            futures = {pool.submit(check_row, row, out_dir, run): row for row in longest_first}
             for fut in futures:
                 row = futures[fut]
                 res = fut.result()
@@ -347,7 +296,7 @@ def _tlc_version(results: list[PropertyResult]) -> str:
     return "unknown"
 
 
-def print_table(doc: dict[str, Any]) -> None:
+def print_table(doc: dict[str, JSON]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -409,7 +358,7 @@ def _check_cmd(args: argparse.Namespace) -> int:
         for r in doc["results"]:
             if r["counterexample"] is not None:
                 print(f"\n{r['model']} / {r['property']} ({r['verdict']}):")
-                for line in render_counterexample(r["counterexample"]):
+                for line in render_steps(r["counterexample"]):
                     print("  " + line)
     bad = [r for r in doc["results"] if r["verdict"] != r["expected"]]
     errors = [r for r in doc["results"] if r["verdict"] in ("error", "timeout")]

@@ -28,6 +28,7 @@ Output is byte-for-byte deterministic (sorted keys, canonical element order).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from kvspec.tlc import Trace, TraceState
@@ -61,11 +62,6 @@ def value_to_itf(value: Value) -> JSON:
     raise ITFError(f"not a TLC value: {value!r}")
 
 
-def _hashable(v: Value) -> Value:
-    hash(v)  # fail early with a clear error if a nested value is not hashable
-    return v
-
-
 def value_from_itf(data: JSON) -> Value:
     """One ITF JSON value as a TLC value (inverse of ``value_to_itf``)."""
     if isinstance(data, bool | str):
@@ -78,7 +74,7 @@ def value_from_itf(data: JSON) -> Value:
         if "#bigint" in data:
             return int(data["#bigint"])
         if "#set" in data:
-            return frozenset(_hashable(value_from_itf(v)) for v in data["#set"])
+            return frozenset(value_from_itf(v) for v in data["#set"])
         if "#tup" in data:
             return tuple(value_from_itf(v) for v in data["#tup"])
         if "#map" in data:
@@ -122,9 +118,9 @@ def trace_to_itf(trace: Trace, *, source: str = "", description: str = "") -> di
     return doc
 
 
-def trace_from_itf(doc: dict[str, JSON]) -> Trace:
+def trace_from_itf(doc: Mapping[str, JSON]) -> Trace:
     """An ITF document as a Trace (action names come from each state's ``#meta``)."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("states"), list):
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("states"), list):
         raise ITFError("not an ITF trace: no 'states' list")
     states = []
     for item in doc["states"]:

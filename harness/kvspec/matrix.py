@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
+
+from kvspec.itf import JSON
 
 VARIANTS = ("v0.29", "v0.30-shipped", "fixed", "naive-replicas")
 COMPOSITIONS = ("nixl", "multi-nixl-offload-upstream", "multi-nixl-offload-delaying")
@@ -88,6 +91,34 @@ class ModelRow:
             "Capacity": str(self.capacity),
             "AsyncScheduling": "TRUE" if self.async_scheduling else "FALSE",
         }
+
+    def to_meta(self) -> dict[str, JSON]:
+        """The row's constants as the JSON that traces, counterexamples and `kvspec check`
+        results carry (`expect` and `tier` are the matrix's business, not the trace's)."""
+        t = self.topology
+        return {
+            "model": self.name,
+            "variant": self.variant,
+            "composition": self.composition,
+            "topology": {"tp": t.tp, "pp": t.pp, "pcp": t.pcp},
+            "requests": self.requests,
+            "capacity": self.capacity,
+            "async_scheduling": self.async_scheduling,
+        }
+
+    @staticmethod
+    def from_meta(meta: Mapping[str, JSON]) -> ModelRow:
+        """Inverse of `to_meta`: the row a trace was generated from (other keys ignored)."""
+        t = meta["topology"]
+        return ModelRow(
+            name=str(meta["model"]),
+            variant=str(meta["variant"]),
+            composition=str(meta["composition"]),
+            topology=Topology(int(t["tp"]), int(t["pp"]), int(t["pcp"])),
+            requests=int(meta["requests"]),
+            capacity=int(meta["capacity"]),
+            async_scheduling=bool(meta["async_scheduling"]),
+        )
 
     def cfg_text(self, invariants: list[str], properties: list[str]) -> str:
         lines = ["CONSTANTS"]

@@ -1,6 +1,8 @@
-"""kvspec.diagram on real TLC counterexamples of spec/KVCompletion.tla.
+"""kvspec.counterexample and kvspec.diagram on real TLC counterexamples of spec/KVCompletion.tla.
 
-Fixtures (harness/tests/fixtures/cex/) are `kvspec tlc --itf` output:
+Fixtures (harness/tests/fixtures/cex/) are TLC counterexamples as `kvspec check` saves them
+(each step's action instance in `#meta.action`, the row's constants and the property in the
+document's `#meta`):
 * cex_live_v030_pcp2: Variant v0.30-shipped, nixl, TP=1 PP=1 PCP=2, NReq=2, Capacity=1,
   PROPERTIES DelayedEventuallyFreed, --no-deadlock: a 12-state lasso back to state 9 in
   which request 1 waits forever for PCP rank 1's finished_sending.
@@ -21,7 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvspec.diagram import Topology, analyze, diff_values, render_steps, render_svg
+from kvspec.counterexample import analyze, diff_values, rank_name
+from kvspec.diagram import render_steps, render_svg
+from kvspec.matrix import Topology
+from kvspec.tlcvalue import Fn, Record
 
 FIX = Path(__file__).parent / "fixtures" / "cex"
 SVG = "{http://www.w3.org/2000/svg}"
@@ -135,21 +140,31 @@ def test_render_steps_one_line_per_step(live: dict[str, Any]) -> None:
     assert all(line.isascii() for line in lines)
 
 
-def test_annotated_action_names_give_parameters(safe: dict[str, Any]) -> None:
-    """`kvspec check` rewrites actions to 'name(r, w)'; the parameters are taken as given."""
-    doc = copy.deepcopy(safe)
-    doc["states"][0]["#meta"]["action"] = "init"
-    doc["states"][5]["#meta"]["action"] = "consumer_start_load_kv(1, 0)"
-    a = analyze(doc)
+def test_action_parameters_come_from_the_annotated_actions(live: dict[str, Any]) -> None:
+    a = analyze(live)
     assert (a.steps[5].action, a.steps[5].r, a.steps[5].w) == ("consumer_start_load_kv", 1, 0)
     assert a.steps[5].label == "consumer_start_load_kv(r=1, w=0)"
-    assert render_steps(doc) == render_steps(safe)
+    assert a.steps[1].label == "abort(r=2)" and a.steps[4].label == "update_from_output"
 
 
-def test_property_name_from_meta(safe: dict[str, Any]) -> None:
+def test_bare_operator_names_have_no_parameters(live: dict[str, Any]) -> None:
+    """TLC's own output (`kvspec tlc --itf`) names the operator only."""
+    doc = copy.deepcopy(live)
+    for st in doc["states"]:
+        st["#meta"]["action"] = st["#meta"]["action"].partition("(")[0]
+    a = analyze(doc)
+    assert (a.steps[5].action, a.steps[5].r, a.steps[5].w) == ("consumer_start_load_kv", None, None)
+    assert [s.action for s in a.steps] == [s.action for s in analyze(live).steps]
+    assert a.final == analyze(live).final
+
+
+def test_topology_and_property_from_meta(live: dict[str, Any], safe: dict[str, Any]) -> None:
+    assert render_svg(live) == render_svg(live, topology=PCP2, prop="DelayedEventuallyFreed")
+    assert analyze(safe).final[0].startswith("violated: NoFreeWhileInFlight: req 1 freed")
     doc = copy.deepcopy(safe)
-    doc["#meta"]["property"] = "NoFreeWhileInFlight"
-    assert analyze(doc).final[0].startswith("violated: NoFreeWhileInFlight: req 1 freed")
+    del doc["#meta"]["property"], doc["#meta"]["topology"]
+    assert analyze(doc).final[0].startswith("violated: req 1 freed while offload store")
+    assert analyze(doc).final[0].endswith("on rank 0")
 
 
 def _mutated(base: dict[str, Any], action: str, **changes: Any) -> dict[str, Any]:
@@ -165,10 +180,11 @@ def test_heartbeat_lease_expire_store_complete_abort(safe: dict[str, Any]) -> No
     none = {"#map": [[0, {"#set": []}]]}
     states = [
         s4,
-        _mutated(s4, "heartbeat", hb={"#set": [1]}),
-        _mutated(s4, "lease_expire", hb={"#set": [1]}, lease=one, expired=one),
+        _mutated(s4, "heartbeat(1)", hb={"#set": [1]}),
+        _mutated(s4, "lease_expire(1, 0)", hb={"#set": [1]}, lease=one, expired=one),
         _mutated(
-            s4, "store_complete", hb={"#set": [1]}, lease=one, expired=one, store=none, stored=one
+            s4, "store_complete(1, 0)", hb={"#set": [1]}, lease=one, expired=one, store=none,
+            stored=one,
         ),
     ]
     doc = {"#meta": {}, "vars": safe["vars"], "states": states}
@@ -190,7 +206,7 @@ def test_heartbeat_lease_expire_store_complete_abort(safe: dict[str, Any]) -> No
     doc2 = {
         "states": [
             s0,
-            _mutated(s0, "abort", req=["freed"], notProc={"#set": [1]}),
+            _mutated(s0, "abort(1)", req=["freed"], notProc={"#set": [1]}),
         ]
     }
     ab = analyze(doc2).steps[1]
@@ -211,24 +227,28 @@ def test_stuttering_lasso(safe: dict[str, Any]) -> None:
     )
 
 
-def test_topology_labels() -> None:
+def test_rank_names_follow_vllm_layout() -> None:
+    # TP innermost: tp = w % TP, pcp = (w // TP) % PCP, pp = w // (TP * PCP).
     topo = Topology(tp=2, pp=2, pcp=2)
-    assert [topo.label(w) for w in (0, 1, 2, 3, 4, 7)] == [
-        "tp0 pp0 pcp0",
-        "tp0 pp0 pcp1",
-        "tp1 pp0 pcp0",
-        "tp1 pp0 pcp1",
-        "tp0 pp1 pcp0",
-        "tp1 pp1 pcp1",
+    assert [rank_name(topo, w) for w in (0, 1, 2, 3, 4, 7)] == [
+        "rank 0 (tp0 pp0 pcp0)",
+        "rank 1 (tp1 pp0 pcp0)",
+        "rank 2 (tp0 pp0 pcp1)",
+        "rank 3 (tp1 pp0 pcp1)",
+        "rank 4 (tp0 pp1 pcp0)",
+        "rank 7 (tp1 pp1 pcp1)",
     ]
+    assert rank_name(None, 3) == "rank 3"
 
 
 def test_diff_values() -> None:
-    assert diff_values("s", {"#set": [1]}, {"#set": [2]}) == ["s +{2} -{1}"]
-    assert diff_values("f", {"#map": [[0, "a"]]}, {"#map": [[0, "b"]]}) == ["f[0]: a -> b"]
-    assert diff_values("q", [1], [1, 2]) == ["q append 2"]
-    assert diff_values("q", [1, 2], [2]) == ["q pop head"]
-    assert diff_values("r", {"x": 1, "y": 2}, {"x": 1, "y": 3}) == ["r.y: 2 -> 3"]
+    assert diff_values("s", frozenset({1}), frozenset({2})) == ["s +{2} -{1}"]
+    assert diff_values("f", Fn(((0, "a"),)), Fn(((0, "b"),))) == ["f[0]: a -> b"]
+    assert diff_values("q", (1,), (1, 2)) == ["q append 2"]
+    assert diff_values("q", (1, 2), (2,)) == ["q pop head"]
+    assert diff_values("r", Record.of({"x": 1, "y": 2}), Record.of({"x": 1, "y": 3})) == [
+        "r.y: 2 -> 3"
+    ]
     assert diff_values("b", False, True) == ["b: FALSE -> TRUE"]
 
 
