@@ -118,7 +118,9 @@ def _counterexample(row: ModelRow, trace: Trace | None, prop: str) -> dict[str, 
     names = [str(st["#meta"]["action"]) for st in states[1:]]
     try:
         labels = Model(row).label_path([from_itf(row, st) for st in states], names)
-    except ValueError:  # a spec the model does not mirror (tests' toy specs): keep names
+    except ValueError:
+        # The model cannot explain a step (it disagrees with the spec, which
+        # test_reference_graph would catch): keep TLC's operator names, still a verdict.
         labels = []
     for st, a in zip(states[1:], labels, strict=False):
         st["#meta"]["action"] = str(a)

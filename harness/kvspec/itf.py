@@ -8,7 +8,7 @@ Value mapping (TLC -> ITF):
   uses plain arrays for sequences and ``{"#tup": [...]}`` for tuples; we always emit the
   array (sequence). Reading accepts both.
 * sets: ``{"#set": [...]}``, elements in ``tlcvalue.sort_key`` order (deterministic)
-* records: JSON objects with sorted keys
+* records: JSON objects with sorted keys (a field named ``#...`` makes it a ``#map``)
 * other functions: ``{"#map": [[k, v], ...]}`` in canonical key order
 * model values: ITF has none; we use ITF's escape hatch ``{"#unserializable": "NAME"}``
   (just the name), and read it back as ``ModelValue(NAME)``.
@@ -55,10 +55,13 @@ def value_to_itf(value: Value) -> JSON:
         return [value_to_itf(v) for v in value]
     if isinstance(value, frozenset):
         return {"#set": [value_to_itf(v) for v in sorted(value, key=sort_key)]}
-    if isinstance(value, Record):
+    if isinstance(value, Record) and not any(k.startswith("#") for k, _ in value.fields):
         return {k: value_to_itf(v) for k, v in value.fields}
-    if isinstance(value, Fn):
-        return {"#map": [[value_to_itf(k), value_to_itf(v)] for k, v in value.pairs]}
+    if isinstance(value, Record | Fn):
+        # A string-keyed function whose keys look like ITF tags ("#set") cannot be a JSON
+        # object; as a #map it reads back as the same Record (make_fn).
+        pairs = value.fields if isinstance(value, Record) else value.pairs
+        return {"#map": [[value_to_itf(k), value_to_itf(v)] for k, v in pairs]}
     raise ITFError(f"not a TLC value: {value!r}")
 
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvspec.itf import value_to_itf
-from kvspec.matrix import ModelRow
+from kvspec.matrix import SPEC_FILE, ModelRow
+from kvspec.tlc import run_tlc
 from kvspec.tlcvalue import Value, parse_state, parse_value
 
 Edge = tuple[int, str, int]
@@ -38,9 +39,6 @@ class StateGraph:
     states: dict[int, dict[str, Value]] = field(default_factory=dict)
     edges: list[Edge] = field(default_factory=list)
     initial: set[int] = field(default_factory=set)
-
-    def canonical(self, fp: int) -> str:
-        return state_key(self.states[fp])
 
     def state_keys(self) -> set[str]:
         return {state_key(s) for s in self.states.values()}
@@ -113,15 +111,8 @@ def parse_dot(text: str) -> StateGraph:
     return g
 
 
-def load_dot(path: Path) -> StateGraph:
-    return parse_dot(path.read_text())
-
-
 def tlc_state_graph(row: ModelRow, workdir: Path, *, timeout_s: float = 600) -> StateGraph:
     """Run TLC on `row` (no invariants or properties, deadlock off) and parse its dump."""
-    from kvspec.matrix import SPEC_FILE
-    from kvspec.tlc import run_tlc
-
     workdir.mkdir(parents=True, exist_ok=True)
     cfg = workdir / f"{row.name}.cfg"
     cfg.write_text(row.cfg_text([], []))
@@ -131,4 +122,4 @@ def tlc_state_graph(row: ModelRow, workdir: Path, *, timeout_s: float = 600) -> 
     )
     if res.verdict != "holds":
         raise DotError(f"TLC on {row.name}: {res.verdict}: {res.error}; log {res.log_path}")
-    return load_dot(dot)
+    return parse_dot(dot.read_text())

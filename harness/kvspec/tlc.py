@@ -311,22 +311,14 @@ def _error_message(rc: int, messages: Sequence[Message], loose: str, spec: Path,
     if assert_msg:
         what = _one_line(assert_msg.body.partition(":")[2]) or _one_line(assert_msg.body)
         return f"{where or spec}: Assert failed: {what}"
-    inner_errs = [
-        m
-        for m in messages
-        if m.code not in (MSG_UNEXPECTED_EXCEPTION, MSG_NESTED_EXPRESSIONS) and m.level == 1
-    ]
     exc = _find(messages, MSG_UNEXPECTED_EXCEPTION)
+    # The most specific text first: a message nested in the exception, another error, the
+    # exception itself.
     inner = [m for m in messages if m.level == 0 and exc and m.body and m.body in exc.body]
-    detail = (
-        _one_line(inner[0].body)
-        if inner
-        else _one_line(inner_errs[0].body)
-        if inner_errs
-        else _one_line(exc.body)
-        if exc
-        else "no success message"
-    )
+    wrappers = (MSG_UNEXPECTED_EXCEPTION, MSG_NESTED_EXPRESSIONS)
+    errs = [m for m in messages if m.code not in wrappers and m.level == 1]
+    best = next(iter(inner + errs + ([exc] if exc else [])), None)
+    detail = _one_line(best.body) if best else "no success message"
     prefix = f"{where}: " if where else ""
     return f"{prefix}TLC exited with code {rc}: {detail}"
 
@@ -356,23 +348,12 @@ def interpret(
     suffix = f"; raw log: {log_path}"
 
     def result(
-        verdict: Verdict,
-        prop: str | None = None,
-        trace: Trace | None = None,
+        verdict: Verdict, prop: str | None = None, trace: Trace | None = None,
         error: str | None = None,
-    ) -> TLCResult:
-        return TLCResult(
-            verdict,
-            prop,
-            trace,
-            distinct,
-            generated,
-            seconds,
-            _version(messages),
-            log_path,
-            rc,
-            error,
-        )
+    ) -> TLCResult:  # fmt: skip
+        version = _version(messages)
+        return TLCResult(verdict, prop, trace, distinct, generated, seconds, version, log_path,
+                         rc, error)  # fmt: skip
 
     if timed_out:
         return result("timeout", error=f"TLC timed out after {seconds:.1f}s{suffix}")
@@ -410,23 +391,11 @@ def interpret(
 # ---------------------------------------------------------------- running
 
 
-def default_log_dir() -> Path:
-    return Path(os.environ.get("KVSPEC_TLC_DIR", "build/tlc"))
-
-
 def tlc_args(
-    spec: Path,
-    config: Path,
-    metadir: Path,
-    *,
-    workers: int = 1,
-    fp: int = 0,
-    seed: int = 0,
-    deadlock: bool = True,
-    extra_args: Sequence[str] = (),
-    simulate: tuple[int, int] | None = None,
-    dump_dot: Path | None = None,
-) -> list[str]:
+    spec: Path, config: Path, metadir: Path, *, workers: int = 1, fp: int = 0, seed: int = 0,
+    deadlock: bool = True, extra_args: Sequence[str] = (),
+    simulate: tuple[int, int] | None = None, dump_dot: Path | None = None,
+) -> list[str]:  # fmt: skip
     """TLC's arguments (after ``tlc2.TLC``) for one reproducible ``-tool`` run."""
     args = ["-tool", "-metadir", str(metadir), "-fp", str(fp), "-seed", str(seed),
             "-workers", str(workers), "-config", str(config)]  # fmt: skip
@@ -477,7 +446,7 @@ def run_tlc(
     """
     spec = Path(spec).resolve()
     cfg = (Path(config) if config is not None else spec.with_suffix(".cfg")).resolve()
-    base = Path(log_dir) if log_dir is not None else default_log_dir()
+    base = Path(log_dir if log_dir is not None else os.environ.get("KVSPEC_TLC_DIR", "build/tlc"))
     base.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix=f"{spec.stem}-", dir=base)).resolve()
     log_path = run_dir / "tlc.log"
@@ -485,35 +454,16 @@ def run_tlc(
     java_tmp = run_dir / "tmp"
     java_tmp.mkdir()
     try:
-        cmd = java_command(
-            "tlc2.TLC",
-            tlc_args(
-                Path(spec.name),
-                cfg,
-                metadir,
-                workers=workers,
-                fp=fp,
-                seed=seed,
-                deadlock=deadlock,
-                extra_args=extra_args,
-                simulate=simulate,
-                dump_dot=Path(dump_dot).resolve() if dump_dot else None,
-            ),
-        )
+        args = tlc_args(
+            Path(spec.name), cfg, metadir, workers=workers, fp=fp, seed=seed, deadlock=deadlock,
+            extra_args=extra_args, simulate=simulate,
+            dump_dot=Path(dump_dot).resolve() if dump_dot else None,
+        )  # fmt: skip
+        cmd = java_command("tlc2.TLC", args)
     except (JavaMissing, JarError) as exc:
         log_path.write_text(f"{exc}\n")
-        return TLCResult(
-            "error",
-            None,
-            None,
-            None,
-            None,
-            0.0,
-            None,
-            log_path,
-            None,
-            f"{exc}; raw log: {log_path}",
-        )
+        error = f"{exc}; raw log: {log_path}"
+        return TLCResult("error", None, None, None, None, 0.0, None, log_path, None, error)
     cmd.insert(1, f"-Djava.io.tmpdir={java_tmp}")
     start = time.monotonic()
     timed_out = False

@@ -29,7 +29,7 @@ of ``:>``/``@@`` pairs or deep nesting never raises RecursionError.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeAlias, Union
 
@@ -431,17 +431,3 @@ def parse_state(text: str) -> dict[str, Value]:
         state[name] = p.value()
     return state
 
-
-def iter_values(value: Value) -> Iterator[Value]:
-    """Every value nested inside ``value`` (itself included), without recursion."""
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        yield v
-        if isinstance(v, tuple | frozenset):
-            stack.extend(v)
-        elif isinstance(v, Record):
-            stack.extend(x for _, x in v.fields)
-        elif isinstance(v, Fn):
-            for k, x in v.pairs:
-                stack.extend((k, x))

@@ -22,6 +22,9 @@ def test_value_encoding() -> None:
     assert value_from_itf({"#tup": [1, 2]}) == (1, 2)
     assert value_from_itf({"#map": [[2, "b"], [1, "a"]]}) == ("a", "b")
     assert value_from_itf({}) == ()
+    tagged = Record.of({"#set": 1})  # a string key that looks like an ITF tag
+    assert value_to_itf(tagged) == {"#map": [["#set", 1]]}
+    assert value_from_itf(value_to_itf(tagged)) == tagged
 
 
 @settings(max_examples=200)

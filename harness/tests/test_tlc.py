@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import threading
 from pathlib import Path
 
@@ -121,9 +122,23 @@ def test_bad_option(tmp_path: Path) -> None:
     assert r.error is not None and "-bogus" in r.error
 
 
+FOREVER = """---- MODULE Forever ----
+EXTENDS Naturals
+VARIABLE x
+Init == x = 0
+Next == x' = x + 1
+====
+"""
+
+
 def test_timeout_kills(tmp_path: Path) -> None:
-    r = tlc("Lasso", tmp_path, timeout_s=0.2)
-    assert r.verdict == "timeout" and r.seconds < 30
+    # An unbounded state space: TLC never finishes, so the timeout decides, however fast
+    # or loaded the machine is; the process group is killed (SIGKILL), not waited for.
+    (tmp_path / "Forever.tla").write_text(FOREVER)
+    (tmp_path / "Forever.cfg").write_text("INIT Init\nNEXT Next\n")
+    r = run_tlc(tmp_path / "Forever.tla", log_dir=tmp_path / "runs", timeout_s=1)
+    assert (r.verdict, r.exit_code) == ("timeout", -signal.SIGKILL)
+    assert r.error == f"TLC timed out after {r.seconds:.1f}s; raw log: {r.log_path}"
 
 
 def test_simulation(tmp_path: Path) -> None:
