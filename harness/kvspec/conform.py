@@ -15,6 +15,7 @@ generated from it); the interesting run is `--driver vllm`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Callable
@@ -22,8 +23,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
 from kvspec.drivers.base import Driver
-from kvspec.drivers.vllm_env import DriverUnavailable, check_device
+from kvspec.drivers.vllm_env import DriverUnavailable, check_device, vllm_logs
 from kvspec.matrix import VARIANTS, ModelRow
 from kvspec.replay import SpecTrace, load_trace, replay
 from kvspec.traces import trace_files
@@ -150,6 +161,21 @@ def report(
     return lines
 
 
+def _progress(enabled: bool) -> Progress:
+    """Traces done / total, the model being replayed, elapsed time and ETA, on stderr."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        disable=not enabled,
+        transient=True,
+    )
+
+
 def run_conform(
     *,
     driver: str = "vllm",
@@ -171,12 +197,11 @@ def run_conform(
     traces = [load_trace(p) for p in files]
     if not traces:
         raise FileNotFoundError(f"no traces in {traces_dir}; run `kvspec traces`")
-    from rich.progress import Progress
-
-    with Progress(disable=not progress, transient=True) as bar:
+    results: dict[str, VariantResult] = {}
+    with _progress(progress) as bar:
         task = bar.add_task(f"conformance ({driver})", total=len(traces))
-        results: dict[str, VariantResult] = {}
         for trace in traces:
+            bar.update(task, description=trace.row.name)
             for name, res in conform(factory, [trace]).items():
                 acc = results.setdefault(name, VariantResult())
                 if acc.first_divergence is not None:
@@ -203,16 +228,25 @@ def run_conform(
 
 
 def run(args: argparse.Namespace) -> int:
+    # vLLM and NIXL log a line per connector and agent (~0.5 MB a run): to a file.
+    logs = (
+        vllm_logs("conform", args.verbose)
+        if args.driver == "vllm"
+        else contextlib.nullcontext(None)
+    )
     try:
-        doc = run_conform(
-            driver=args.driver,
-            device=args.device,
-            impl_patch=args.impl_patch,
-            traces_dir=args.traces,
-            results_path=args.results,
-            json_out=args.json,
-            progress=sys.stderr.isatty(),
-        )
+        with logs as log:
+            if log is not None:
+                print(f"vLLM's log: {log}", file=sys.stderr)
+            doc = run_conform(
+                driver=args.driver,
+                device=args.device,
+                impl_patch=args.impl_patch,
+                traces_dir=args.traces,
+                results_path=args.results,
+                json_out=args.json,
+                progress=sys.stderr.isatty(),
+            )
     except (ImportError, DriverUnavailable) as exc:
         print(
             f"kvspec conform: the {args.driver} driver is unavailable on {args.device}: {exc}",
@@ -236,3 +270,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a trace directory (<variant>/<model>/*.itf.json); default: the "
                    "generated conformance traces and the committed regressions")  # fmt: skip
     p.add_argument("--results", type=Path, default=RESULTS, help="kvspec check results.json")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="leave vLLM's and NIXL's log on the terminal (default: a file in build/logs/)",
+    )

@@ -17,7 +17,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 from types import SimpleNamespace
@@ -176,6 +176,7 @@ def vllm_api() -> SimpleNamespace:
     from kvspec.drivers import offload_upstream
 
     offload_upstream.register()
+    _retake_nixl()
     api = SimpleNamespace(**found)
     # As EngineCore does before it builds its request block hasher.
     api.init_none_hash(api.get_hash_fn_by_name("sha256"))
@@ -321,6 +322,42 @@ class _Saved:
     propagate: bool
 
 
+@dataclass
+class _Redirect:
+    """Loggers sent to one file handler, and what they had before (restored at the end)."""
+
+    handler: logging.Handler
+    saved: dict[str, _Saved] = field(default_factory=dict)
+
+    def take(self, name: str) -> None:
+        lg = logging.getLogger(name)
+        self.saved[name] = _Saved(list(lg.handlers), lg.level, lg.propagate)
+        lg.handlers = [self.handler]
+        lg.propagate = False
+        if lg.level == logging.NOTSET:
+            # vLLM's own default (VLLM_LOGGING_LEVEL), so the file has its INFO lines.
+            lg.setLevel(os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper())
+
+    def restore(self) -> None:
+        for name, sv in self.saved.items():
+            lg = logging.getLogger(name)
+            lg.handlers = sv.handlers
+            lg.setLevel(sv.level)
+            lg.propagate = sv.propagate
+
+
+_ACTIVE: list[_Redirect] = []  # the vllm_logs blocks in force, outermost first
+
+
+def _retake_nixl() -> None:
+    """NIXL configures its "nixl" logger when it is first imported (inside vllm_api(): vLLM
+    must import it itself, after setting UCX_RCACHE_MAX_UNRELEASED), replacing the handlers
+    a vllm_logs block installed: take it over again, saving NIXL's own set-up to restore."""
+    if _ACTIVE and logging.getLogger("nixl").handlers != [_ACTIVE[-1].handler]:
+        for r in _ACTIVE:
+            r.take("nixl")
+
+
 @contextlib.contextmanager
 def vllm_logs(
     command: str, verbose: bool = False, log_dir: Path = LOG_DIR
@@ -333,35 +370,25 @@ def vllm_logs(
     points (vllm.logger.configure_logging), which the driver never runs, so its records
     ("Initializing KVConnectorBase_V1 ...", one per connector) propagate to the root logger
     and reach the terminal through logging.lastResort or whatever handler the host
-    installed. NIXL's Python API configures the "nixl" logger itself at import (a
-    StreamHandler on stdout, INFO: one "Initialized NIXL agent" per agent), which is why
-    it is imported before its handlers are taken over. UCX and NIXL's C++ core print to the
-    file descriptors only on errors, and those stay on the terminal.
+    installed. NIXL's Python API gives the "nixl" logger a StreamHandler on stdout at
+    import (INFO: one "Initialized NIXL agent" per agent; see _retake_nixl). UCX and
+    NIXL's C++ core write to the file descriptors below Python's logging; in these runs
+    they print nothing, and what they would print (errors) stays on the terminal.
     """
     if verbose:
         yield None
         return
-    with contextlib.suppress(ImportError):
-        importlib.import_module("nixl")  # runs its dictConfig now, not inside the block
     log_dir.mkdir(parents=True, exist_ok=True)
     path = log_dir / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     handler = logging.FileHandler(path, mode="a", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    saved: dict[str, _Saved] = {}
+    redirect = _Redirect(handler)
     for name in CHATTY_LOGGERS:
-        lg = logging.getLogger(name)
-        saved[name] = _Saved(list(lg.handlers), lg.level, lg.propagate)
-        lg.handlers = [handler]
-        lg.propagate = False
-        if lg.level == logging.NOTSET:
-            # vLLM's own default (VLLM_LOGGING_LEVEL), so the file has its INFO lines.
-            lg.setLevel(os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper())
+        redirect.take(name)
+    _ACTIVE.append(redirect)
     try:
         yield path
     finally:
-        for name, sv in saved.items():
-            lg = logging.getLogger(name)
-            lg.handlers = sv.handlers
-            lg.setLevel(sv.level)
-            lg.propagate = sv.propagate
+        _ACTIVE.remove(redirect)
+        redirect.restore()
         handler.close()
