@@ -30,12 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from kvspec.drivers.base import Driver, MissingAction
-from kvspec.itf import value_to_itf
-from kvspec.matrix import ModelRow, Topology
+from kvspec.itf import JSON, value_to_itf
+from kvspec.matrix import ModelRow
 from kvspec.model import Action, Model, State, initial_state, to_values
 from kvspec.tlcvalue import Value
 
-JSON = Any
 MISSING = "missing action"
 UNEXPECTED = "unexpected action"
 INCORRECT = "incorrect state"
@@ -110,20 +109,6 @@ def diff_states(expected: Mapping[str, JSON], observed: Mapping[str, JSON]) -> d
     }
 
 
-def row_from_meta(meta: Mapping[str, JSON]) -> ModelRow:
-    """The model a trace was generated from (traces carry their constants)."""
-    t = meta["topology"]
-    return ModelRow(
-        name=str(meta["model"]),
-        variant=str(meta["variant"]),
-        composition=str(meta["composition"]),
-        topology=Topology(int(t["tp"]), int(t["pp"]), int(t["pcp"])),
-        requests=int(meta["requests"]),
-        capacity=int(meta["capacity"]),
-        async_scheduling=bool(meta["async_scheduling"]),
-    )
-
-
 def trace_from_doc(doc: Mapping[str, JSON], name: str) -> SpecTrace:
     """An ITF document written by `kvspec traces` as a SpecTrace."""
     meta = dict(doc["#meta"])
@@ -132,7 +117,7 @@ def trace_from_doc(doc: Mapping[str, JSON], name: str) -> SpecTrace:
     quiet = meta.get("expect_quiescent")
     return SpecTrace(
         name=name,
-        row=row_from_meta(meta),
+        row=ModelRow.from_meta(meta),
         states=states,
         actions=actions,
         expect_quiescent=frozenset(int(r) for r in quiet) if quiet is not None else None,

@@ -186,21 +186,6 @@ def select_traces(g: ModelGraph) -> list[list[Edge]]:
 # ---------------------------------------------------------------- ITF documents
 
 
-def model_meta(row: ModelRow) -> dict[str, JSON]:
-    t = row.topology
-    return {
-        "model": row.name,
-        "variant": row.variant,
-        "composition": row.composition,
-        "topology": {"tp": t.tp, "pp": t.pp, "pcp": t.pcp},
-        "requests": row.requests,
-        "capacity": row.capacity,
-        "async_scheduling": row.async_scheduling,
-        "seed": 0,
-        "generator": GENERATOR,
-    }
-
-
 def _state_doc(row: ModelRow, i: int, action: str, s: State) -> dict[str, JSON]:
     item: dict[str, JSON] = {"#meta": {"index": i, "action": action}}
     item.update(to_itf(row, s))
@@ -212,7 +197,7 @@ def trace_doc(
 ) -> dict[str, JSON]:
     states = [_state_doc(row, 0, "init", init)]
     states += [_state_doc(row, i, str(a), t) for i, (_, a, t) in enumerate(path, 1)]
-    meta = {**model_meta(row), **extra_meta}
+    meta = {**row.to_meta(), "seed": 0, "generator": GENERATOR, **extra_meta}
     return {"#meta": meta, "vars": sorted(states[0].keys() - {"#meta"}), "states": states}
 
 
