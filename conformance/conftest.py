@@ -4,17 +4,24 @@
 --device cpu|cuda         the vllm driver's device
 --impl-patch NAME         a patch the vllm driver applies to vLLM (see its registry)
 --variant NAME            only traces of models of this design variant
+--verbose-vllm            leave vLLM's and NIXL's log on the terminal (so does -s); by
+                          default it goes to build/logs/pytest-<time>.log (see the header)
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from kvspec.drivers.base import Driver
+from kvspec.drivers.vllm_env import vllm_logs
 from kvspec.matrix import VARIANTS, ModelRow
 
 DriverFactory = Callable[[ModelRow], Driver]
+_LOGS = pytest.StashKey[contextlib.ExitStack]()
+_LOG_PATH = pytest.StashKey[Path | None]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -23,6 +30,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--device", choices=("cpu", "cuda"), default="cpu")
     g.addoption("--impl-patch", default=None, metavar="NAME")
     g.addoption("--variant", choices=VARIANTS, default=None)
+    g.addoption("--verbose-vllm", action="store_true", help="vLLM's log on the terminal")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """vLLM's and NIXL's log (a line per connector and agent) go to a file for the whole
+    session, unless the terminal is asked for (-s or --verbose-vllm)."""
+    verbose = config.getoption("capture") == "no" or bool(config.getoption("--verbose-vllm"))
+    stack = contextlib.ExitStack()
+    config.stash[_LOGS] = stack
+    config.stash[_LOG_PATH] = stack.enter_context(vllm_logs("pytest", verbose))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _LOGS in config.stash:
+        config.stash[_LOGS].close()
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    path = config.stash.get(_LOG_PATH, None)
+    return None if path is None else f"vLLM's log: {path}"
 
 
 @pytest.fixture(scope="session")

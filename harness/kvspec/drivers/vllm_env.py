@@ -380,7 +380,8 @@ def vllm_logs(
         return
     log_dir.mkdir(parents=True, exist_ok=True)
     path = log_dir / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    # delay: a run that logs nothing leaves no file behind.
+    handler = logging.FileHandler(path, mode="a", encoding="utf-8", delay=True)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     redirect = _Redirect(handler)
     for name in CHATTY_LOGGERS:
