@@ -4,9 +4,10 @@
 (vllm_cluster.py): the real v1 Scheduler, W real worker-side connectors (NIXL, or vLLM's
 MultiConnector over NIXL + an offload child: the delaying one of offload_delaying.py, or
 vLLM's OffloadingConnector for multi-nixl-offload-upstream) with their own NIXL agents and
-CPU KV caches, the real KVOutputAggregator, and one real decode-side NixlConnector per TP
-rank doing NIXL READs from the producer rank of its tp rank. TP > 1 and PCP > 1 are
-supported; PP > 1 raises DriverUnavailable (vllm_env.PP_UNAVAILABLE says why).
+KV caches on the chosen device, the real KVOutputAggregator, and one real decode-side
+NixlConnector per TP rank doing NIXL READs from the producer rank of its tp rank. TP > 1
+and PCP > 1 are supported; PP > 1 raises DriverUnavailable (vllm_env.PP_UNAVAILABLE says
+why).
 Only the model forward is replaced: each rank's `ModelRunnerOutput` is synthetic (one
 sampled token per scheduled request); its `kv_connector_output` is what the real connector
 returned.
@@ -48,7 +49,6 @@ class TransferCorrupted(AssertionError):
 class VllmDriver(VllmView, Driver):
     def __init__(self, row: ModelRow, device: str = "cpu", impl_patch: str | None = None) -> None:
         super().__init__(row)
-        self.device = device
         self.W = row.topology.world_size
         self.N = row.requests
         self._undo_patch: Any = None
