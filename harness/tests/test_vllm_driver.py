@@ -238,6 +238,14 @@ def test_tp2_each_consumer_reads_its_tp_rank() -> None:
         assert d.observe()["req"] == ("freed",)
 
 
+def test_tp2_pcp2_workers_carry_vllms_global_rank_layout() -> None:
+    # vLLM numbers global ranks TP innermost: w = ((pp * PCP) + pcp) * TP + tp.
+    with VllmDriver(row("nixl", tp=2, pcp=2, n=1, cap=1)) as d:
+        ranks = [(d.c.nixl_worker(w).tp_rank, d.c.nixl_worker(w).pcp_rank) for w in range(4)]
+        assert ranks == [(0, 0), (1, 0), (0, 1), (1, 1)]
+        assert [d.c.consumer_of(w) for w in range(4)] == [0, 1, 0, 1]
+
+
 def test_upstream_offload_never_delays_and_aggregator_expects_world_size() -> None:
     rw = row("multi-nixl-offload-upstream", pcp=2, n=2, cap=1, variant="fixed")
     with VllmDriver(rw, impl_patch="fix-53903") as d:
