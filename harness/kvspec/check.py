@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvspec import itf
+from kvspec.codec import from_itf
 from kvspec.diagram import render_steps
 from kvspec.itf import JSON
 from kvspec.matrix import (
@@ -41,7 +42,7 @@ from kvspec.matrix import (
     ModelRow,
     load_matrix,
 )
-from kvspec.model import Model, from_itf
+from kvspec.model import Model
 from kvspec.tlc import TLCResult, Trace, run_tlc
 
 REPO = SPEC_FILE.parents[1]

@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvspec.codec import to_values
 from kvspec.drivers.base import Driver, MissingAction
 from kvspec.itf import JSON, value_to_itf
 from kvspec.matrix import ModelRow
-from kvspec.model import Action, Model, State, initial_state, to_values
+from kvspec.model import Action, Model, State, initial_state
 from kvspec.tlcvalue import Value
 
 MISSING = "missing action"

@@ -27,9 +27,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvspec.codec import from_values, to_itf
 from kvspec.itf import JSON, value_from_itf
 from kvspec.matrix import ModelRow
-from kvspec.model import Action, Model, State, from_values, initial_state, reachable, to_itf
+from kvspec.model import Action, Model, State, initial_state, reachable
 from kvspec.statgraph import StateGraph
 from kvspec.tracestore import GENERATED, REGRESSIONS, ensure_generated, trace_paths
 

@@ -39,6 +39,7 @@ SUFFIX = ".itf.json"
 _PKG = Path(__file__).resolve().parent
 GENERATOR_INPUTS = (
     _PKG / "model.py",
+    _PKG / "codec.py",
     _PKG / "traces.py",
     _PKG / "tracestore.py",
     _PKG / "itf.py",

@@ -13,9 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
+from kvspec.codec import to_values
 from kvspec.drivers.broken import drop_last_rank_model, off_by_one_model
 from kvspec.matrix import ModelRow, Topology
-from kvspec.model import Model, after_reports, reachable, to_values
+from kvspec.model import Model, after_reports, reachable
 from kvspec.statgraph import StateGraph, parse_dot, state_key, tlc_state_graph
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="java not installed")

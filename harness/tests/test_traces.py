@@ -7,10 +7,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from kvspec.codec import to_values
 from kvspec.drivers.reference import ReferenceDriver
 from kvspec.itf import dumps, value_to_itf
 from kvspec.matrix import ModelRow, Topology, load_matrix
-from kvspec.model import to_values
 from kvspec.replay import load_trace, replay
 from kvspec.traces import generate, graph_from_reference, select_traces, trace_doc
 from kvspec.traces_cmd import lock_of

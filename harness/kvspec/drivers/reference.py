@@ -6,9 +6,10 @@ and negative controls (kvspec.drivers.broken) bend it to prove that replay catch
 
 from __future__ import annotations
 
+from kvspec.codec import to_values
 from kvspec.drivers.base import Driver, MissingAction
 from kvspec.matrix import ModelRow
-from kvspec.model import Action, Model, initial_state, to_values
+from kvspec.model import Action, Model, initial_state
 from kvspec.tlcvalue import Value
 
 
