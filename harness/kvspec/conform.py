@@ -19,9 +19,8 @@ import contextlib
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -35,12 +34,12 @@ from rich.progress import (
 
 from kvspec.drivers.base import Driver
 from kvspec.drivers.vllm_env import DriverUnavailable, check_device, vllm_logs
+from kvspec.itf import JSON
 from kvspec.matrix import VARIANTS, ModelRow
 from kvspec.replay import SpecTrace, load_trace, replay
 from kvspec.traces import trace_files
 from kvspec.tracestore import trace_paths
 
-JSON = Any
 RESULTS = Path(__file__).resolve().parents[2] / "build" / "check" / "results.json"
 
 DriverFactory = Callable[[ModelRow], Driver]
@@ -51,7 +50,6 @@ class VariantResult:
     traces: int = 0
     conforming: int = 0
     first_divergence: dict[str, JSON] | None = None
-    models: set[str] = field(default_factory=set)
 
     def to_json(self) -> dict[str, JSON]:
         return {
@@ -93,7 +91,6 @@ def conform(
         if stop_at_first and res.first_divergence is not None:
             continue
         res.traces += 1
-        res.models.add(trace.row.name)
         with factory(trace.row) as driver:
             result = replay(driver, trace)
         if result.failure is None:
