@@ -353,9 +353,15 @@ def test_vllm_logs_go_to_the_file_and_verbose_keeps_them_on_the_terminal(
 ) -> None:
     # The terminal as `kvspec conform` has it: vLLM's records reach the root logger's
     # stderr handler; NIXL's own handler writes to stdout.
+    # Set up here, not inherited: under pytest the conformance conftest already sends both
+    # loggers to the session's log file.
     monkeypatch.setattr(logging.getLogger(), "handlers", [logging.StreamHandler(sys.stderr)])
+    vllm_logger = logging.getLogger("vllm")
+    for attr, value in (("handlers", []), ("propagate", True), ("level", logging.INFO)):
+        monkeypatch.setattr(vllm_logger, attr, value)
     nixl_logger = logging.getLogger("nixl")
     monkeypatch.setattr(nixl_logger, "handlers", [logging.StreamHandler(sys.stdout)])
+    monkeypatch.setattr(nixl_logger, "propagate", False)
     capfd.readouterr()
     with vllm_env.vllm_logs("conform", log_dir=tmp_path) as path:
         _build_a_fresh_cluster()
