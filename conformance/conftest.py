@@ -4,6 +4,9 @@
 --device cpu|cuda         the vllm driver's device
 --impl-patch NAME         a patch the vllm driver applies to vLLM (see its registry)
 --variant NAME            only traces of models of this design variant
+--per-model N             at most N generated traces per model, spread evenly over its set
+                          (regressions always run); make test uses it for the vllm driver,
+                          make test-full replays every trace
 --verbose-vllm            leave vLLM's and NIXL's log on the terminal (so does -s); by
                           default it goes to build/logs/pytest-<time>.log (see the header)
 """
@@ -30,6 +33,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--device", choices=("cpu", "cuda"), default="cpu")
     g.addoption("--impl-patch", default=None, metavar="NAME")
     g.addoption("--variant", choices=VARIANTS, default=None)
+    g.addoption("--per-model", type=int, default=None, metavar="N")
     g.addoption("--verbose-vllm", action="store_true", help="vLLM's log on the terminal")
 
 

@@ -13,13 +13,16 @@ from pathlib import Path
 import pytest
 from conftest import DriverFactory, replay_extra
 from kvspec.replay import load_trace, replay, replay_command
-from kvspec.traces import trace_files
+from kvspec.traces import sample_per_model, trace_files
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "trace_path" not in metafunc.fixturenames:
         return
     paths = trace_files(metafunc.config.getoption("--variant"))
+    per_model = metafunc.config.getoption("--per-model")
+    if per_model is not None:
+        paths = sample_per_model(paths, per_model)
     ids = [f"{p.parent.name}/{p.name.removesuffix('.itf.json')}" for p in paths]
     metafunc.parametrize("trace_path", paths, ids=ids)
 

@@ -306,6 +306,20 @@ def trace_files(variant: str | None = None) -> list[Path]:
     return trace_paths(GENERATED, variant) + trace_paths(REGRESSIONS, variant)
 
 
+def sample_per_model(paths: list[Path], n: int) -> list[Path]:
+    """At most n generated traces of each model, evenly spread over its (BFS-ordered) set so
+    short and long traces both stay; regressions (`cex-*`) always stay. Deterministic."""
+    by_model: dict[Path, list[Path]] = {}
+    for p in paths:
+        by_model.setdefault(p.parent, []).append(p)
+    out: list[Path] = []
+    for group in by_model.values():
+        gen = [p for p in group if not p.name.startswith("cex-")]
+        keep = gen if len(gen) <= n else [gen[i * len(gen) // n] for i in range(n)]
+        out += sorted(set(keep) | {p for p in group if p.name.startswith("cex-")})
+    return out
+
+
 def find_trace(name: str) -> Path:
     """The trace named `<model>/<stem>` (a pytest id), generated or a regression."""
     model, _, stem = name.partition("/")

@@ -145,3 +145,17 @@ def test_counterexample_lasso_is_unrolled_with_quiescence(tmp_path: Path) -> Non
     (out / "cex-DelayedEventuallyFreed.itf.json").write_text(dumps(doc))
     trace = load_trace(out / "cex-DelayedEventuallyFreed.itf.json")
     assert replay(ReferenceDriver(ROW), trace).ok
+
+
+def test_sample_per_model_spreads_and_keeps_regressions() -> None:
+    from kvspec.traces import sample_per_model
+
+    gen = [Path(f"v/m/{i:03d}.itf.json") for i in range(10)]
+    cex = Path("v/m/cex-NoStall.itf.json")
+    other = [Path(f"v/n/{i:03d}.itf.json") for i in range(2)]
+    got = sample_per_model([*gen, cex, *other], 4)
+    assert [p.name for p in got if p.parent.name == "m"] == [
+        "000.itf.json", "002.itf.json", "005.itf.json", "007.itf.json", "cex-NoStall.itf.json"
+    ]  # fmt: skip
+    assert [p for p in got if p.parent.name == "n"] == other  # fewer than n: all kept
+    assert sample_per_model([*gen, cex], 100) == sorted([*gen, cex])
