@@ -169,6 +169,7 @@ def test_nightly_workflow() -> None:
     scripts = " ".join(s for _, s in run_steps(doc))
     assert "--matrix spec/matrix-nightly.toml" in scripts
     assert "tlc -simulate" in scripts
+    assert "make test-full" in scripts  # every conformance trace on the real vLLM, nightly
 
 
 def test_gpu_workflow() -> None:
