@@ -14,15 +14,13 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from kvspec.drivers.base import Driver
+from kvspec.conform import DriverFactory, driver_factory
 from kvspec.drivers.vllm_env import vllm_logs
-from kvspec.matrix import VARIANTS, ModelRow
+from kvspec.matrix import VARIANTS
 
-DriverFactory = Callable[[ModelRow], Driver]
 _LOGS = pytest.StashKey[contextlib.ExitStack]()
 _LOG_PATH = pytest.StashKey[Path | None]()
 
@@ -63,8 +61,8 @@ def driver_name(pytestconfig: pytest.Config) -> str:
 
 @pytest.fixture(scope="session")
 def make_driver(pytestconfig: pytest.Config) -> DriverFactory:
-    """A factory building one fresh driver per trace; vLLM is imported once per session."""
-    from kvspec.conform import driver_factory
+    """A factory building one fresh driver per trace (`wait_scale` lengthens its waits for
+    a retry after a timeout); vLLM is imported once per session."""
     from kvspec.drivers.vllm_env import DriverUnavailable
 
     name = str(pytestconfig.getoption("--driver"))

@@ -8,6 +8,11 @@ the others the first divergence is printed. Verdicts from `kvspec check`
 design is known to violate ("installed vLLM 0.32.0 conforms to v0.30-shipped; that
 design violates DelayedEventuallyFreed at pcp2-...").
 
+A trace whose replay stopped because a wait expired (WaitTimeout: a slow READ or
+notification on a loaded machine) is retried with longer waits (replay.retry_timeouts) and
+then counted inconclusive: neither conforming nor diverging. A variant with inconclusive
+traces and no divergence "conforms on N, inconclusive on M", never "does not conform".
+
 The reference driver conforms to each trace's own variant by construction (traces are
 generated from it); the interesting run is `--driver vllm`.
 """
@@ -18,9 +23,9 @@ import argparse
 import contextlib
 import json
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from rich.console import Console
 from rich.progress import (
@@ -36,26 +41,63 @@ from kvspec.drivers.base import Driver
 from kvspec.drivers.vllm_env import DriverUnavailable, check_device, vllm_logs
 from kvspec.itf import JSON
 from kvspec.matrix import VARIANTS, ModelRow
-from kvspec.replay import SpecTrace, load_trace, replay
+from kvspec.replay import (
+    ATTEMPTS,
+    ReplayResult,
+    SpecTrace,
+    load_trace,
+    replay_fresh,
+    retry_timeouts,
+)
 from kvspec.traces import trace_files
 from kvspec.tracestore import trace_paths
 
 RESULTS = Path(__file__).resolve().parents[2] / "build" / "check" / "results.json"
 
-DriverFactory = Callable[[ModelRow], Driver]
+
+class DriverFactory(Protocol):
+    """Builds a fresh driver for a row; `wait_scale` multiplies its wait limits (a retry
+    after a timeout waits longer; a driver that never waits ignores it)."""
+
+    def __call__(self, row: ModelRow, wait_scale: float = 1.0) -> Driver: ...
 
 
 @dataclass
 class VariantResult:
-    traces: int = 0
+    traces: int = 0  # replayed (with stop_at_first, up to the first divergence)
     conforming: int = 0
+    inconclusive: int = 0  # every attempt timed out
+    retries: int = 0  # replays beyond the first, over all traces
     first_divergence: dict[str, JSON] | None = None
+    first_timeout: dict[str, JSON] | None = None
+
+    @property
+    def diverging(self) -> int:
+        return self.traces - self.conforming - self.inconclusive
+
+    def add(self, trace: str, result: ReplayResult) -> None:
+        self.traces += 1
+        self.retries += result.attempts - 1
+        if result.failure is not None:
+            if self.first_divergence is None:
+                self.first_divergence = {"trace": trace, **result.failure.to_json()}
+        elif result.timeout is not None:
+            self.inconclusive += 1
+            if self.first_timeout is None:
+                self.first_timeout = {"trace": trace, "attempts": result.attempts,
+                                      **result.timeout.to_json()}  # fmt: skip
+        else:
+            self.conforming += 1
 
     def to_json(self) -> dict[str, JSON]:
         return {
             "traces": self.traces,
             "conforming": self.conforming,
+            "diverging": self.diverging,
+            "inconclusive": self.inconclusive,
+            "retries": self.retries,
             "first_divergence": self.first_divergence,
+            "first_timeout": self.first_timeout,
         }
 
 
@@ -64,18 +106,32 @@ def driver_factory(name: str, device: str = "cpu", impl_patch: str | None = None
     if name == "reference":
         from kvspec.drivers.reference import ReferenceDriver
 
-        return ReferenceDriver
+        def reference(row: ModelRow, wait_scale: float = 1.0) -> Driver:
+            return ReferenceDriver(row)  # a pure model: nothing to wait for
+
+        return reference
     if name == "vllm":
         from kvspec.drivers.vllm_driver import VllmDriver
+        from kvspec.drivers.vllm_inbox import DEFAULT_WAITS
 
         # Up front, so an unusable device is one "unavailable" line, not a failed trace each.
         check_device(device)
 
-        def make(row: ModelRow) -> Driver:
-            return VllmDriver(row, device=device, impl_patch=impl_patch)
+        def make(row: ModelRow, wait_scale: float = 1.0) -> Driver:
+            waits = DEFAULT_WAITS.scaled(wait_scale)
+            return VllmDriver(row, device=device, impl_patch=impl_patch, waits=waits)
 
         return make
     raise ValueError(f"unknown driver {name!r}; use reference or vllm")
+
+
+def replay_retrying(
+    factory: DriverFactory, trace: SpecTrace, attempts: int = ATTEMPTS
+) -> ReplayResult:
+    """Replay `trace` on fresh drivers, retrying a timeout with longer waits."""
+    return retry_timeouts(
+        lambda k: replay_fresh(lambda row: factory(row, wait_scale=k), trace), attempts
+    )
 
 
 def conform(
@@ -83,20 +139,17 @@ def conform(
     traces: list[SpecTrace],
     *,
     stop_at_first: bool = True,
+    attempts: int = ATTEMPTS,
+    into: dict[str, VariantResult] | None = None,
 ) -> dict[str, VariantResult]:
-    """Replay traces per variant; with stop_at_first a variant stops at its first failure."""
-    out: dict[str, VariantResult] = {}
+    """Replay traces per variant (accumulating into `into` when given); with stop_at_first
+    a variant stops at its first divergence (a timeout does not stop it)."""
+    out: dict[str, VariantResult] = {} if into is None else into
     for trace in traces:
         res = out.setdefault(trace.row.variant, VariantResult())
         if stop_at_first and res.first_divergence is not None:
             continue
-        res.traces += 1
-        with factory(trace.row) as driver:
-            result = replay(driver, trace)
-        if result.failure is None:
-            res.conforming += 1
-        elif res.first_divergence is None:
-            res.first_divergence = {"trace": trace.name, **result.failure.to_json()}
+        res.add(trace.name, replay_retrying(factory, trace, attempts))
     return out
 
 
@@ -138,24 +191,34 @@ def installed_vllm() -> str:
 def report(
     results: dict[str, VariantResult], impl: str, violations: dict[str, list[str]]
 ) -> list[str]:
-    lines: list[str] = []
+    """One verdict line per variant: those without a divergence first."""
     ok = [v for v in VARIANTS if v in results and results[v].first_divergence is None]
-    for v in ok:
-        why = violations.get(v)
-        tail = f"; that design violates {', '.join(why[:3])}" if why else ""
-        lines.append(f"{impl} conforms to {v} ({results[v].traces} traces){tail}")
+    lines = [_conforms_line(impl, v, results[v], violations.get(v)) for v in ok]
     for v in VARIANTS:
-        res = results.get(v)
-        if res is None or res.first_divergence is None:
-            continue
-        d = res.first_divergence
-        lines.append(
-            f"{impl} does not conform to {v}: {d['class']} at step {d['step']} "
-            f"({d['action']}) of {d['trace']}"
-        )
+        d = results[v].first_divergence if v in results else None
+        if d is not None:
+            lines.append(
+                f"{impl} does not conform to {v}: {d['class']} at step {d['step']} "
+                f"({d['action']}) of {d['trace']}"
+            )
     if not ok:
         lines.append(f"{impl} conforms to no variant")
     return lines
+
+
+def _conforms_line(impl: str, v: str, res: VariantResult, violated: list[str] | None) -> str:
+    """A variant without a divergence; traces that timed out on every attempt are named
+    inconclusive (the clock stopped them, not the implementation)."""
+    tail = f"; that design violates {', '.join(violated[:3])}" if violated else ""
+    t = res.first_timeout
+    if t is None:
+        return f"{impl} conforms to {v} ({res.traces} traces){tail}"
+    return (
+        f"{impl} conforms to {v} on {res.conforming} traces, inconclusive on "
+        f"{res.inconclusive} (timeouts; first: {t['what']} did not happen in "
+        f"{t['limit_s']}s at step {t['step']} ({t['action']}) of {t['trace']}, "
+        f"{t['attempts']} attempts){tail}"
+    )
 
 
 def _progress(enabled: bool) -> Progress:
@@ -179,6 +242,8 @@ def run_conform(
     device: str = "cpu",
     impl_patch: str | None = None,
     traces_dir: Path | None = None,
+    variant: str | None = None,
+    attempts: int = ATTEMPTS,
     results_path: Path = RESULTS,
     json_out: Path | None = None,
     progress: bool = False,
@@ -190,7 +255,7 @@ def run_conform(
     turns the first two into a "not run" section.
     """
     factory = driver_factory(driver, device, impl_patch)
-    files = trace_files() if traces_dir is None else trace_paths(traces_dir)
+    files = trace_files(variant) if traces_dir is None else trace_paths(traces_dir, variant)
     traces = [load_trace(p) for p in files]
     if not traces:
         raise FileNotFoundError(f"no traces in {traces_dir}; run `kvspec traces`")
@@ -199,13 +264,7 @@ def run_conform(
         task = bar.add_task(f"conformance ({driver})", total=len(traces))
         for trace in traces:
             bar.update(task, description=trace.row.name)
-            for name, res in conform(factory, [trace]).items():
-                acc = results.setdefault(name, VariantResult())
-                if acc.first_divergence is not None:
-                    continue
-                acc.traces += res.traces
-                acc.conforming += res.conforming
-                acc.first_divergence = res.first_divergence
+            conform(factory, [trace], attempts=attempts, into=results)
             bar.advance(task)
     impl = "reference model" if driver == "reference" else f"installed vLLM {installed_vllm()}"
     if impl_patch:
@@ -240,6 +299,8 @@ def run(args: argparse.Namespace) -> int:
                 device=args.device,
                 impl_patch=args.impl_patch,
                 traces_dir=args.traces,
+                variant=args.variant,
+                attempts=args.attempts,
                 results_path=args.results,
                 json_out=args.json,
                 progress=sys.stderr.isatty(),
@@ -266,6 +327,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--traces", type=Path, default=None,
                    help="a trace directory (<variant>/<model>/*.itf.json); default: the "
                    "generated conformance traces and the committed regressions")  # fmt: skip
+    p.add_argument(
+        "--variant",
+        choices=VARIANTS,
+        default=None,
+        help="only the traces of models of this design variant",
+    )
+    p.add_argument("--attempts", type=int, default=ATTEMPTS, metavar="N",
+                   help="replays of a trace whose wait timed out, each waiting "
+                   "twice as long, before it counts as inconclusive")  # fmt: skip
     p.add_argument("--results", type=Path, default=RESULTS, help="kvspec check results.json")
     p.add_argument(
         "--verbose",

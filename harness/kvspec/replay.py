@@ -18,19 +18,24 @@ Failure classes (the vocabulary of Mocket-style conformance testing):
 * ``incorrect state``: the step was taken but the observed state is no spec successor of
   the previous state at all. The diff lists only the variables that differ.
 
+A third outcome is neither: **inconclusive**. The driver raised `WaitTimeout` (a wait for
+the implementation's asynchronous work expired), so the clock, not the implementation's
+state, stopped the replay. `retry_timeouts` re-runs such a trace with longer waits and
+reports it inconclusive only if every attempt timed out.
+
 Used by the pytest suite (conformance/), `kvspec conform` and mutation testing.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from kvspec.codec import to_values
-from kvspec.drivers.base import Driver, MissingAction
+from kvspec.drivers.base import Driver, MissingAction, WaitTimeout
 from kvspec.itf import JSON, value_to_itf
 from kvspec.matrix import ModelRow
 from kvspec.model import Action, Model, State, initial_state
@@ -40,6 +45,10 @@ MISSING = "missing action"
 UNEXPECTED = "unexpected action"
 INCORRECT = "incorrect state"
 FAILURE_CLASSES = (MISSING, UNEXPECTED, INCORRECT)
+# A trace that timed out is replayed this many times in all, each wait limit WAIT_GROWTH
+# times the previous one (e.g. 120 s, 240 s, 480 s for the vLLM driver).
+ATTEMPTS = 3
+WAIT_GROWTH = 2.0
 
 
 @dataclass(frozen=True)
@@ -84,14 +93,41 @@ class Divergence:
 
 
 @dataclass(frozen=True)
+class Timeout:
+    """Where a replay stopped because a wait expired (an inconclusive replay)."""
+
+    step: int  # index of the trace state being reached (0 = building the driver)
+    action: str  # the trace action of that step ("setup" for step 0)
+    what: str  # what was waited for
+    limit_s: float  # the limit that expired
+
+    @classmethod
+    def of(cls, exc: WaitTimeout, step: int, action: str) -> Timeout:
+        return cls(step, action, exc.what, exc.limit_s)
+
+    def to_json(self) -> dict[str, JSON]:
+        return {"step": self.step, "action": self.action, "what": self.what,
+                "limit_s": self.limit_s}  # fmt: skip
+
+    def format(self, trace: str) -> str:
+        return (
+            f"{trace}: inconclusive at step {self.step} ({self.action}): "
+            f"{self.what} did not happen in {self.limit_s}s"
+        )
+
+
+@dataclass(frozen=True)
 class ReplayResult:
     trace: str
     steps: int  # actions executed and matched
     failure: Divergence | None
+    timeout: Timeout | None = None  # inconclusive: a wait expired (never with a failure)
+    attempts: int = 1  # replays it took (retry_timeouts)
 
     @property
     def ok(self) -> bool:
-        return self.failure is None
+        """The implementation conformed: no divergence and no expired wait."""
+        return self.failure is None and self.timeout is None
 
 
 def _compact(v: JSON) -> str:
@@ -187,6 +223,8 @@ def replay(driver: Driver, trace: SpecTrace, *, strict_enabled: bool = True) -> 
             return ReplayResult(
                 trace.name, i - 1, Divergence(MISSING, i, str(action), {}, f"driver: {exc}")
             )
+        except WaitTimeout as exc:
+            return ReplayResult(trace.name, i - 1, None, Timeout.of(exc, i, str(action)))
         obs = encode(driver.observe())
         diff = diff_states(expected, obs)
         if diff:
@@ -204,6 +242,35 @@ def replay(driver: Driver, trace: SpecTrace, *, strict_enabled: bool = True) -> 
             why = f"requests {freed} were freed; the spec says no further progress"
             return ReplayResult(trace.name, n, Divergence(INCORRECT, n, "quiescent", {}, why))
     return ReplayResult(trace.name, n, None)
+
+
+def replay_fresh(make: Callable[[ModelRow], Driver], trace: SpecTrace) -> ReplayResult:
+    """Replay `trace` on a driver built for it, then closed. A wait that expires while the
+    driver is built (a handshake, a pooled cluster's drain) is inconclusive at step 0."""
+    try:
+        driver = make(trace.row)
+    except WaitTimeout as exc:
+        return ReplayResult(trace.name, 0, None, Timeout.of(exc, 0, "setup"))
+    with driver:
+        return replay(driver, trace)
+
+
+def retry_timeouts(
+    run_once: Callable[[float], ReplayResult],
+    attempts: int = ATTEMPTS,
+    growth: float = WAIT_GROWTH,
+) -> ReplayResult:
+    """Call `run_once(wait_scale)` with wait_scale 1, growth, growth**2, ... until it does
+    not time out, at most `attempts` times; the last result, with the attempts it took.
+
+    Only a timeout is retried: a divergence is the implementation's state, and replaying
+    it again could only hide it. `run_once` must use a fresh driver each time."""
+    result = run_once(1.0)
+    n = 1
+    while result.timeout is not None and n < attempts:
+        result = run_once(growth**n)
+        n += 1
+    return replace(result, attempts=n)
 
 
 def replay_command(trace: str, driver: str = "reference", extra: str = "") -> str:

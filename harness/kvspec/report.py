@@ -182,6 +182,16 @@ def _divergence(d: JSON) -> str | None:
     return str(d)
 
 
+def _conform_verdict(ok: bool, no_divergence: bool, all_counted: bool, inconclusive: int) -> str:
+    """A variant whose only non-conforming traces timed out has no divergence: it is
+    inconclusive on them, not diverging."""
+    if ok:
+        return "conforms"
+    if no_divergence and all_counted and inconclusive:
+        return f"inconclusive on {inconclusive}"
+    return "diverges"
+
+
 def _conform_context(conform: Mapping[str, JSON] | None) -> dict[str, Any]:
     reason = _not_run(conform, "conformance")
     if reason or conform is None:
@@ -190,14 +200,19 @@ def _conform_context(conform: Mapping[str, JSON] | None) -> dict[str, Any]:
     raw = conform.get("variants") or {}
     for name, v in sorted(raw.items()):
         traces, ok_n = v.get("traces", 0), v.get("conforming", 0)
+        inconclusive = v.get("inconclusive", 0)  # timed out on every attempt: no verdict
         div = _divergence(v.get("first_divergence"))
+        ok = div is None and ok_n == traces
         variants.append(
             {
                 "name": name,
                 "traces": traces,
                 "conforming": ok_n,
-                "ok": div is None and ok_n == traces,
-                "divergence": div,
+                "ok": ok,
+                "verdict": _conform_verdict(
+                    ok, div is None, ok_n + inconclusive == traces, inconclusive
+                ),
+                "divergence": div or _divergence(v.get("first_timeout")),
             }
         )
     return {

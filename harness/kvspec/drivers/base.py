@@ -20,7 +20,21 @@ from kvspec.tlcvalue import Value
 
 
 class MissingAction(Exception):
-    """The implementation cannot take a step the spec allows (Mocket's 'missing action')."""
+    """The implementation cannot take a step the spec allows (Mocket's 'missing action').
+
+    Raised only from the implementation's state (a guard that is false), never because a
+    wait ran out: that is a WaitTimeout."""
+
+
+class WaitTimeout(Exception):
+    """A wait for the implementation's asynchronous work (a READ, a notification, a
+    handshake) expired. A timeout, never a verdict: on a loaded machine a healthy step can
+    outlast any limit, so the trace is retried with a longer one, then called inconclusive."""
+
+    def __init__(self, what: str, limit_s: float) -> None:
+        super().__init__(f"{what} did not happen in {limit_s}s")
+        self.what = what
+        self.limit_s = limit_s
 
 
 class Driver(ABC):
@@ -38,7 +52,8 @@ class Driver(ABC):
         """Implementation state projected onto the spec's VARIABLES."""
 
     def step(self, action: Action) -> None:
-        """Run one action by calling the method of the same name."""
+        """Run one action by calling the method of the same name. Raises MissingAction when
+        the implementation cannot take it, WaitTimeout when a wait for it expired."""
         method = getattr(self, action.name)
         method(**action.params())
 

@@ -50,7 +50,7 @@ from kvspec.drivers.vllm_env import (
     kv_cache_config,
     vllm_config,
 )
-from kvspec.drivers.vllm_inbox import ClusterError, NotifInbox, wait_until
+from kvspec.drivers.vllm_inbox import ClusterError, NotifInbox, Waits
 from kvspec.matrix import ModelRow, Topology
 
 
@@ -139,7 +139,9 @@ class Cluster:
     def nixl_worker(self, w: int) -> Any:
         return self.nixl(w).connector_worker
 
-    def reset(self) -> None:
+    def reset(self, waits: Waits) -> None:
+        """Clear every connector's request state; WaitTimeout if a READ a trace left in
+        flight is not reported done within `waits`."""
         for w in range(self.world_size):
             nw = self.nixl_worker(w)
             nw._reqs_to_process.clear()
@@ -166,7 +168,7 @@ class Cluster:
                 self.consumer_poll(t)
                 return not cw._recving_transfers
 
-            wait_until(drained, f"consumer {t}'s READs in flight")
+            waits.until(drained, f"consumer {t}'s READs in flight to complete")
             cw._recving_metadata.clear()
             cw._recv_failures.clear()
         for ib in self.inboxes:
@@ -203,7 +205,7 @@ class Cluster:
         self.consumers_caches.clear()
 
 
-def build_cluster(row: ModelRow, device: str) -> Cluster:
+def build_cluster(row: ModelRow, device: str, waits: Waits) -> Cluster:
     plan = device_plan(device)
     api = check_device(device)
     topo = row.topology
@@ -235,14 +237,10 @@ def build_cluster(row: ModelRow, device: str) -> Cluster:
         device,
     )
     consumers, consumers_caches = _build_consumers(api, dcfg, plan, topo.tp)
-    for cons in consumers:
-        _handshake(cons.connector_worker, engine_id, port, topo.tp)
-    # The handshake is done; the listener thread may stop (it exits within 1 s).
-    listener.connector_scheduler._stop_event.set()
     store = None
     if row.composition == "multi-nixl-offload-delaying":
         store = workers[0]._connectors[1].engine
-    return Cluster(
+    cluster = Cluster(
         key=pool_key(row, device),
         composition=row.composition,
         topology=topo,
@@ -258,6 +256,15 @@ def build_cluster(row: ModelRow, device: str) -> Cluster:
         listener=listener,
         store_engine=store,
     )
+    try:
+        for cons in consumers:
+            _handshake(cons.connector_worker, engine_id, port, topo.tp, waits)
+    except BaseException:  # e.g. a handshake that timed out: a retry builds a new cluster
+        cluster.shutdown()
+        raise
+    # The handshake is done; the listener thread may stop (it exits within 1 s).
+    listener.connector_scheduler._stop_event.set()
+    return cluster
 
 
 def _nixl(conn: Any, composition: str) -> Any:
@@ -357,7 +364,7 @@ def _build_consumers(
     return consumers, consumers_caches
 
 
-def _handshake(cw: Any, engine_id: str, port: int, tp: int) -> None:
+def _handshake(cw: Any, engine_id: str, port: int, tp: int, waits: Waits) -> None:
     """A consumer's real handshake over the side channel, with the producer rank(s) its
     transfer topology maps it to (with equal TP: the producer of the same tp rank)."""
     fut = cw._ensure_handshake(engine_id, "127.0.0.1", port, tp)
@@ -367,7 +374,7 @@ def _handshake(cw: Any, engine_id: str, port: int, tp: int) -> None:
             raise ClusterError(f"NIXL handshake with the producer failed: {fut.exception()}")
         return fut is None or engine_id in cw._remote_agents
 
-    wait_until(done, "the NIXL handshake with the producer")
+    waits.until(done, "the NIXL handshake with the producer")
 
 
 def _settle(api: SimpleNamespace, plan: DevicePlan) -> None:
@@ -393,23 +400,27 @@ _POOL: dict[PoolKey, list[Cluster]] = {}
 _LIVE: list[Cluster] = []
 
 
-def acquire(row: ModelRow, device: str) -> Cluster:
+def acquire(row: ModelRow, device: str, waits: Waits) -> Cluster:
     """A reset cluster for `row` on `device`: a pooled one of its key, or a new one."""
     idle = _POOL.setdefault(pool_key(row, device), [])
     if idle:
         c = idle.pop()
-        c.reset()
+        try:
+            c.reset(waits)
+        except Exception:  # a READ still in flight (WaitTimeout): the cluster is suspect
+            discard(c)
+            raise
         return c
-    c = build_cluster(row, device)
+    c = build_cluster(row, device, waits)
     _LIVE.append(c)
     return c
 
 
-def release(cluster: Cluster) -> None:
+def release(cluster: Cluster, waits: Waits) -> None:
     if cluster.closed:
         return
     try:
-        cluster.reset()
+        cluster.reset(waits)
     except Exception:
         discard(cluster)
         raise

@@ -19,6 +19,11 @@ innermost): tp = w % TP, pcp = (w // TP) % PCP, pp = w // (TP * PCP), i.e.
 w = ((pp * PCP) + pcp) * TP + tp (matrix.Topology.rank_coords, used for every rank here).
 
 How the driver reads vLLM's objects as the spec's variables: vllm_view.py.
+
+Waits: a READ's completion and a notification's arrival happen on UCX's threads, so the
+driver waits for them within `waits` (vllm_inbox.Waits, injected). A wait that expires
+raises WaitTimeout, never MissingAction: "vLLM cannot take this step" is decided from its
+state (the guards below), not from a clock.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from kvspec.drivers.base import Driver, MissingAction
 from kvspec.drivers.patches import get_patch
 from kvspec.drivers.vllm_cluster import Cluster, acquire, discard, release
 from kvspec.drivers.vllm_env import BLOCK_SIZE
-from kvspec.drivers.vllm_inbox import ClusterError, wait_until
+from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
 from kvspec.drivers.vllm_view import Read, Step, VllmView, req_id, spec_r
 from kvspec.matrix import ModelRow
 from kvspec.model import ACTIONS, Action
@@ -47,15 +52,22 @@ class TransferCorrupted(AssertionError):
 
 
 class VllmDriver(VllmView, Driver):
-    def __init__(self, row: ModelRow, device: str = "cpu", impl_patch: str | None = None) -> None:
+    def __init__(
+        self,
+        row: ModelRow,
+        device: str = "cpu",
+        impl_patch: str | None = None,
+        waits: Waits = DEFAULT_WAITS,
+    ) -> None:
         super().__init__(row)
+        self.waits = waits
         self.W = row.topology.world_size
         self.N = row.requests
         self._undo_patch: Any = None
         self._cluster: Cluster | None = None
         if impl_patch is not None:
             patch = get_patch(impl_patch)  # an unknown patch fails before a cluster is built
-        self._cluster = acquire(row, device)
+        self._cluster = acquire(row, device, waits)
         c = self._cluster
         try:
             if impl_patch is not None:
@@ -129,7 +141,7 @@ class VllmDriver(VllmView, Driver):
                 if getattr(self, "sched", None) is not None:
                     self.sched.shutdown()
             try:
-                release(cl)
+                release(cl, self.waits)
             except Exception:
                 discard(cl)
 
@@ -321,10 +333,7 @@ class VllmDriver(VllmView, Driver):
                 self.recv_failed |= {(t, x) for x in res.failed_recving}
             return key in self.recv_done
 
-        try:
-            wait_until(reported, f"the READ of {req_id(r)} from rank {w}")
-        except ClusterError as exc:
-            raise MissingAction(f"consumer_get_finished({r}, {w}): {exc}") from exc
+        self.waits.until(reported, f"the READ of {req_id(r)} from rank {w} to complete")
         self.recv_done.discard(key)
         if key in self.recv_failed:
             raise MissingAction(f"consumer_get_finished({r}, {w}): the READ failed")
@@ -332,10 +341,7 @@ class VllmDriver(VllmView, Driver):
         for name, cache in self.c.consumers_caches[t].items():
             if not torch.equal(cache[rd.local_block], self.c.caches[w][name][rd.remote_block]):
                 raise TransferCorrupted(f"req {r}: layer {name} differs after the READ")
-        try:
-            item = self.c.inboxes[w].wait_arrived(f"{req_id(r)}:1".encode())
-        except ClusterError as exc:
-            raise MissingAction(f"consumer_get_finished({r}, {w}): {exc}") from exc
+        item = self.c.inboxes[w].wait_arrived(f"{req_id(r)}:1".encode(), self.waits)
         self.c.inboxes[w].delivered.append(item)
         rd.state = "done"
 
@@ -356,10 +362,7 @@ class VllmDriver(VllmView, Driver):
             cons.connector_worker._send_heartbeats(meta)
         msg = f"HB:{req_id(r)}".encode()
         for w in sorted(self._read_sources()):
-            try:
-                _, m = self.c.inboxes[w].wait_arrived(msg)
-            except ClusterError as exc:
-                raise MissingAction(f"heartbeat({r}): {exc}") from exc
+            _, m = self.c.inboxes[w].wait_arrived(msg, self.waits)
             self.c.nixl_worker(w)._handle_heartbeat(m.decode()[3:])
         self.hb.add(r)
 

@@ -2,9 +2,12 @@
 
 Real NIXL work (a READ, a notification, the handshake) completes on UCX's threads, so the
 driver waits for it. Those waits only guard against a hang: in a healthy run they end in
-milliseconds, so they are bounded by HANG_TIMEOUT_S, generous enough that no load on the
-machine makes a healthy run miss it. `wait_until` takes its clock and sleep as arguments,
-so a test decides a timeout by construction instead of by racing the wall clock.
+milliseconds, so they are bounded by HANG_TIMEOUT_S, generous enough that load on the
+machine rarely makes a healthy run miss it. When one does expire it raises WaitTimeout,
+which no caller turns into a verdict: the trace is retried with a longer limit
+(`Waits.scaled`) and otherwise reported inconclusive (kvspec.replay.retry_timeouts).
+`Waits` carries the limit, clock and sleep, so a driver's limit is injected, and a test
+decides a timeout by construction instead of by racing the wall clock.
 """
 
 from __future__ import annotations
@@ -12,14 +15,17 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
+
+from kvspec.drivers.base import WaitTimeout
 
 HANG_TIMEOUT_S = 120.0
 POLL_INTERVAL_S = 0.0005
 
 
 class ClusterError(RuntimeError):
-    """A wait timed out or the cluster could not be brought to a consistent state."""
+    """The cluster could not be brought to a consistent state (not a timeout)."""
 
 
 def wait_until(
@@ -29,12 +35,30 @@ def wait_until(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
-    """Poll `done` until it holds; ClusterError("<what> ...") once `timeout` has passed."""
+    """Poll `done` until it holds; WaitTimeout(what, timeout) once `timeout` has passed."""
     deadline = clock() + timeout
     while not done():
         if clock() > deadline:
-            raise ClusterError(f"{what} did not happen in {timeout}s")
+            raise WaitTimeout(what, timeout)
         sleep(POLL_INTERVAL_S)
+
+
+@dataclass(frozen=True)
+class Waits:
+    """How long, and by which clock, the driver and its cluster wait for NIXL's work."""
+
+    limit_s: float = HANG_TIMEOUT_S
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+    def until(self, done: Callable[[], bool], what: str) -> None:
+        wait_until(done, what, self.limit_s, self.clock, self.sleep)
+
+    def scaled(self, factor: float) -> Waits:
+        return replace(self, limit_s=self.limit_s * factor)
+
+
+DEFAULT_WAITS = Waits()
 
 
 class NotifInbox:
@@ -74,8 +98,8 @@ class NotifInbox:
                 return item
         return None
 
-    def wait_arrived(self, msg: bytes) -> tuple[str, bytes]:
-        """The arrived (agent, msg), once it has arrived."""
+    def wait_arrived(self, msg: bytes, waits: Waits) -> tuple[str, bytes]:
+        """The arrived (agent, msg), once it has arrived (WaitTimeout if it does not)."""
         got: list[tuple[str, bytes]] = []
 
         def arrived() -> bool:
@@ -84,7 +108,7 @@ class NotifInbox:
                 got.append(item)
             return item is not None
 
-        wait_until(arrived, f"notification {msg!r}")
+        waits.until(arrived, f"notification {msg!r}")
         return got[0]
 
     def reset(self) -> None:
