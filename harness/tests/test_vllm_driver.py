@@ -14,14 +14,23 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from kvspec.drivers.base import Driver, MissingAction, WaitTimeout
-from kvspec.drivers.vllm_inbox import NotifInbox, Waits, wait_until
+from kvspec.drivers.vllm_inbox import ClusterError, NotifInbox, Waits, wait_until
 from kvspec.matrix import ModelRow, Topology
 from kvspec.model import Action
-from kvspec.replay import ReplayResult, SpecTrace, replay, retry_timeouts, trace_from_actions
+from kvspec.replay import (
+    ReplayResult,
+    SpecTrace,
+    replay,
+    replay_fresh,
+    retry_timeouts,
+    trace_from_actions,
+)
 from kvspec.tlcvalue import Fn, Record, Value
 
 pytestmark = pytest.mark.vllm
@@ -344,6 +353,21 @@ def test_a_wait_times_out_by_its_clock_not_the_wall_clock() -> None:
     wait_until(lambda: next(done), "x", clock=lambda: 0.0, sleep=lambda _: None)
 
 
+def test_vllms_own_handshake_timeout_is_a_wait_timeout_any_other_failure_is_not() -> None:
+    import zmq
+
+    def handshake(exc: BaseException) -> None:
+        fut: Future[None] = Future()
+        fut.set_exception(exc)
+        cw = SimpleNamespace(_ensure_handshake=lambda *a: fut, _remote_agents={})
+        vllm_cluster._handshake(cw, "engine", 1, 1, Waits())
+
+    with pytest.raises(WaitTimeout, match="side-channel reply did not happen in 5.0s"):
+        handshake(zmq.Again())  # vLLM's RCVTIMEO expired: a timeout under load
+    with pytest.raises(ClusterError, match="failed: incompatible"):
+        handshake(RuntimeError("incompatible NixlHandshakePayload"))
+
+
 def _spec_trace(rw: ModelRow, *actions: str) -> SpecTrace:
     return trace_from_actions(rw, [Action.parse(a) for a in actions], f"{rw.name}/t")
 
@@ -401,14 +425,13 @@ def test_a_zero_wait_limit_is_never_a_divergence() -> None:
         rw, *PREFILL, *PREFILL, "consumer_start_load_kv(1, 0)", "consumer_get_finished(1, 0)",
         "heartbeat(2)", *PREFILL,
     )  # fmt: skip
-    with VllmDriver(rw, waits=Waits(limit_s=0.0)) as d:
-        res = replay(d, trace)
-    # Whether UCX finished before the first poll is up to the machine: either way the
-    # replay conformed or was inconclusive, never "vLLM cannot take this step".
+    # Whether UCX finished before the first poll (of the handshake, if the pool has no
+    # cluster of this shape; of a READ; of a notification) is up to the machine: either
+    # way the replay conformed or was inconclusive, never "vLLM cannot take this step".
+    res = replay_fresh(lambda rw: VllmDriver(rw, waits=Waits(limit_s=0.0)), trace)
     assert res.failure is None
     assert res.ok or (res.timeout is not None and res.timeout.limit_s == 0.0)
-    with VllmDriver(rw) as d:
-        assert replay(d, trace).ok
+    assert replay_fresh(VllmDriver, trace).ok
 
 
 def _build_a_fresh_cluster() -> None:

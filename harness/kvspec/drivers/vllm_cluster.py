@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from kvspec.drivers.base import WaitTimeout
 from kvspec.drivers.vllm_env import (
     PP_UNAVAILABLE,
     DevicePlan,
@@ -82,6 +83,9 @@ def tp_identity(tp_rank: int, tp_size: int) -> Iterator[None]:
     finally:
         group.rank_in_group, group.world_size = saved
 
+
+# base_worker.py: `sock.setsockopt(zmq.RCVTIMEO, 5000)` around the handshake's metadata query.
+VLLM_HANDSHAKE_S = 5.0
 
 PoolKey = tuple[str, Topology, int, int, bool, str]
 
@@ -367,11 +371,18 @@ def _build_consumers(
 def _handshake(cw: Any, engine_id: str, port: int, tp: int, waits: Waits) -> None:
     """A consumer's real handshake over the side channel, with the producer rank(s) its
     transfer topology maps it to (with equal TP: the producer of the same tp rank)."""
+    import zmq
+
     fut = cw._ensure_handshake(engine_id, "127.0.0.1", port, tp)
 
     def done() -> bool:
         if fut is not None and fut.done() and fut.exception() is not None:
-            raise ClusterError(f"NIXL handshake with the producer failed: {fut.exception()}")
+            exc = fut.exception()
+            if isinstance(exc, zmq.Again):
+                # vLLM's own bound on the side channel's reply (RCVTIMEO, 5 s) expired: a
+                # timeout on a loaded machine, not a broken producer.
+                raise WaitTimeout("the NIXL handshake's side-channel reply", VLLM_HANDSHAKE_S)
+            raise ClusterError(f"NIXL handshake with the producer failed: {exc}")
         return fut is None or engine_id in cw._remote_agents
 
     waits.until(done, "the NIXL handshake with the producer")
