@@ -21,7 +21,10 @@ def _replay(name: str, patch: str | None, device: str) -> object:
 
     trace = load_trace(find_trace(name))
     with VllmDriver(trace.row, device=device, impl_patch=patch) as driver:
-        return replay(driver, trace)
+        res = replay(driver, trace)
+    if res.timeout is not None:  # a wait expired: no verdict either way
+        pytest.skip(f"inconclusive: {res.timeout.what} did not happen in {res.timeout.limit_s}s")
+    return res
 
 
 def test_shipped_vllm_replays_the_stall_counterexample(device: str) -> None:

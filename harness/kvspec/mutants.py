@@ -87,9 +87,13 @@ class Outcome:
         }
 
 
+INCONCLUSIVE = "inconclusive"
+
+
 def run_traces(traces: list[SpecTrace], device: str = "cpu") -> tuple[str | None, Any, str]:
     """Replay until the first divergence: (trace name, Divergence | None, crash detail).
-    A crash of the implementation (an exception other than MissingAction) is a kill."""
+    A crash of the implementation (an exception other than MissingAction) is a kill. A wait
+    that expired stops the run undecided: detail starts with INCONCLUSIVE, no divergence."""
     from kvspec.drivers.vllm_cluster import shutdown_pool
     from kvspec.drivers.vllm_driver import VllmDriver
     from kvspec.drivers.vllm_env import DriverUnavailable
@@ -107,6 +111,10 @@ def run_traces(traces: list[SpecTrace], device: str = "cpu") -> tuple[str | None
             return t.name, None, f"{type(exc).__name__}: {exc}"
         if res.failure is not None:
             return t.name, res.failure, ""
+        if res.timeout is not None:  # never a verdict: neither a kill nor a survival
+            to = res.timeout
+            why = f"{to.what} did not happen in {to.limit_s:g}s at step {to.step} ({to.action})"
+            return t.name, None, f"{INCONCLUSIVE}: {why}"
     return None, None, ""
 
 
@@ -125,6 +133,8 @@ def run_mutant(
     with discard_built_inside(), patched(mutant.base, mutant.patch):
         name, div, crash = run_traces(traces, device)
     secs = time.perf_counter() - t0
+    if crash.startswith(INCONCLUSIVE):
+        return Outcome(mutant, False, name, None, INCONCLUSIVE, secs, crash)
     if crash:
         return Outcome(mutant, True, name, None, "crash", secs, crash)
     if div is None:

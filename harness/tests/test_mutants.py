@@ -135,3 +135,25 @@ def test_cli_unknown_mutant_and_verbose(capsys: pytest.CaptureFixture[str]) -> N
     assert "unknown mutant(s) no-such-mutant" in capsys.readouterr().err
     assert build_parser().parse_args(["mutants", "--verbose"]).verbose
     assert not build_parser().parse_args(["review"]).verbose
+
+
+def test_a_wait_that_expired_is_inconclusive_not_a_kill_nor_a_survival(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A mutant run stopped by an expired wait decides nothing (project rule); a crash is
+    still a kill (negative control)."""
+    import contextlib
+
+    from kvspec import mutants
+
+    monkeypatch.setattr(mutants, "patched", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(
+        mutants, "run_traces",
+        lambda ts, dev: ("m/003", None, "inconclusive: the READ did not happen in 120s"),
+    )  # fmt: skip
+    mutant = next(iter(MUTANTS.values()))
+    out = run_mutant(mutant, traces=[])
+    assert (out.killed, out.failure_class, out.trace) == (False, "inconclusive", "m/003")
+    assert "did not happen" in out.detail
+    monkeypatch.setattr(mutants, "run_traces", lambda ts, dev: ("m/003", None, "KeyError: 1"))
+    assert run_mutant(mutant, traces=[]).killed
