@@ -30,7 +30,8 @@ CONSTANTS
     TP, PP, PCP,      \* topology of the producer engine
     NReq,             \* number of requests
     Capacity,         \* KV block capacity, in requests
-    AsyncScheduling   \* TRUE: step k+1 may be scheduled before step k's output is applied
+    AsyncScheduling,  \* scheduler_config.async_scheduling (vLLM's default: TRUE)
+    Runner            \* "v1" | "v2": the model runner (vLLM's default: "v2")
 
 Variants == {"v0.29", "v0.30-shipped", "fixed", "naive-replicas"}
 Compositions == {"nixl", "multi-nixl-offload-upstream", "multi-nixl-offload-delaying"}
@@ -40,6 +41,7 @@ ASSUME /\ Variant \in Variants
        /\ TP \in Nat \ {0} /\ PP \in Nat \ {0} /\ PCP \in Nat \ {0}
        /\ NReq \in Nat \ {0} /\ Capacity \in Nat \ {0}
        /\ AsyncScheduling \in BOOLEAN
+       /\ Runner \in {"v1", "v2"}
 
 W == TP * PP * PCP
 Ranks == 0 .. (W - 1)
@@ -53,6 +55,20 @@ PcpOf(w) == (w \div TP) % PCP
 PpOf(w) == w \div (TP * PCP)
 \* nixl/base_worker.py: handshake metadata is keyed by (tp, pp) only.
 Ident(w) == <<TpOf(w), PpOf(w)>>
+
+(***************************************************************************)
+(* The step pipeline: how many scheduled steps may have output not yet     *)
+(* applied.  config/vllm.py:max_concurrent_batches (0.32, ~577-587): PP    *)
+(* with synchronous scheduling; with async scheduling PP+1 on the V2 model *)
+(* runner, 2 on the V1 runner at PP = 1 (V1 does not overlap with PP > 1). *)
+(* v1/engine/core.py uses step_with_batch_queue whenever it exceeds 1, so  *)
+(* at PP >= 2 step k+1 is scheduled before step k's output is applied,     *)
+(* async or not.                                                           *)
+(***************************************************************************)
+PipelineDepth ==
+    IF AsyncScheduling
+    THEN IF Runner = "v2" THEN PP + 1 ELSE IF PP <= 1 THEN 2 ELSE PP
+    ELSE PP
 
 Multi == Composition # "nixl"
 Delaying == Composition = "multi-nixl-offload-delaying"
@@ -135,7 +151,7 @@ Holding == {r \in Reqs : req[r] \in {"running", "sending"}}
 TypeOK ==
     /\ req \in [Reqs -> ReqStates]
     /\ needSend \subseteq Reqs /\ notProc \subseteq Reqs
-    /\ steps \in Seq(StepRec) /\ Len(steps) <= 2
+    /\ steps \in Seq(StepRec) /\ Len(steps) <= PipelineDepth
     /\ \A f \in {toProcess, lease, expired, notif, replQ, extra, store, stored} :
           f \in [Ranks -> SUBSET Reqs]
     /\ \A w \in Ranks : expired[w] \subseteq lease[w]
@@ -170,7 +186,7 @@ Init ==
 (* The engine keeps stepping while has_requests() (delayed ones included). *)
 schedule ==
     /\ ~lateFinish
-    /\ Len(steps) < (IF AsyncScheduling THEN 2 ELSE 1)
+    /\ Len(steps) < PipelineDepth
     /\ \E r \in Reqs : req[r] # "freed"
     /\ LET free == Capacity - Cardinality(Holding)
            waiting == {r \in Reqs : req[r] = "waiting"}

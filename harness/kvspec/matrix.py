@@ -33,6 +33,8 @@ TEMPORAL = ("DelayedEventuallyFreed", "NoStall")
 REACHABILITY = ("ReachSending", "ReachFreedAfterSend", "ReachKVFull")
 PROPERTIES = INVARIANTS + TEMPORAL + REACHABILITY
 VERDICTS = ("holds", "violated")
+# config/vllm.py use_v2_model_runner: V2 unless disabled or unsupported (vLLM's default).
+RUNNERS = ("v1", "v2")
 SPEC_FILE = Path(__file__).resolve().parents[2] / "spec" / "KVCompletion.tla"
 DEFAULT_MATRIX = Path(__file__).resolve().parents[2] / "spec" / "matrix.toml"
 
@@ -78,6 +80,7 @@ class ModelRow:
     async_scheduling: bool
     expect: dict[str, str] = field(default_factory=dict)
     tier: str = "default"
+    runner: str = "v2"
 
     def constants(self) -> dict[str, str]:
         """CONSTANT assignments in TLC .cfg syntax."""
@@ -90,6 +93,7 @@ class ModelRow:
             "NReq": str(self.requests),
             "Capacity": str(self.capacity),
             "AsyncScheduling": "TRUE" if self.async_scheduling else "FALSE",
+            "Runner": f'"{self.runner}"',
         }
 
     def to_meta(self) -> dict[str, JSON]:
@@ -104,6 +108,7 @@ class ModelRow:
             "requests": self.requests,
             "capacity": self.capacity,
             "async_scheduling": self.async_scheduling,
+            "runner": self.runner,
         }
 
     @staticmethod
@@ -118,6 +123,7 @@ class ModelRow:
             requests=int(meta["requests"]),
             capacity=int(meta["capacity"]),
             async_scheduling=bool(meta["async_scheduling"]),
+            runner=str(meta.get("runner", "v2")),
         )
 
     def cfg_text(self, invariants: list[str], properties: list[str]) -> str:
@@ -178,9 +184,12 @@ def _row(raw: dict[str, object], defaults: dict[str, object], where: str) -> Mod
                 )
             expect[prop] = str(verdict)
     expect = {k: v for k, v in expect.items() if v != "skip"}
-    async_sched = merged.get("async_scheduling", False)
+    async_sched = merged.get("async_scheduling", True)  # vLLM's default
     if not isinstance(async_sched, bool):
         raise MatrixError(f"{where}: async_scheduling must be true or false")
+    runner = merged.get("runner", "v2")
+    if runner not in RUNNERS:
+        raise MatrixError(f"{where}: runner {runner!r} unknown; use one of {', '.join(RUNNERS)}")
     tier = merged.get("tier", "default")
     if not isinstance(tier, str):
         raise MatrixError(f"{where}: tier must be a string")
@@ -192,6 +201,7 @@ def _row(raw: dict[str, object], defaults: dict[str, object], where: str) -> Mod
         requests=_int(merged.get("requests", 1), where, "requests"),
         capacity=_int(merged.get("capacity", 1), where, "capacity"),
         async_scheduling=async_sched,
+        runner=str(runner),
         expect=expect,
         tier=tier,
     )

@@ -152,6 +152,17 @@ def expected_count(row: ModelRow) -> int:
     return t.world_size if finished == 0 else finished
 
 
+def pipeline_depth(row: ModelRow) -> int:
+    """PipelineDepth: config/vllm.py max_concurrent_batches (PP; async: PP + 1 on the V2
+    runner, 2 on V1 at PP = 1)."""
+    pp = row.topology.pp
+    if not row.async_scheduling:
+        return pp
+    if row.runner == "v2":
+        return pp + 1
+    return 2 if pp <= 1 else pp
+
+
 def read_sources(row: ModelRow) -> frozenset[int]:
     """ReadSources: PCP rank 0, or the last publisher of a (tp, pp) key (naive replicas)."""
     t = row.topology
@@ -171,6 +182,7 @@ class Defs:
     multi: bool
     delaying: bool
     expected: int
+    depth: int
     modes: tuple[str, ...]
     read_sources: frozenset[int]
     rank_step: RankStepFn = field(compare=False)
@@ -185,6 +197,7 @@ class Defs:
             multi=row.composition != "nixl",
             delaying=row.composition == "multi-nixl-offload-delaying",
             expected=expected_count(row),
+            depth=pipeline_depth(row),
             modes=tuple(rank_mode(row, x) for x in range(w)),
             read_sources=read_sources(row),
             rank_step=rank_step_fn or rank_step,
@@ -229,7 +242,7 @@ def initial_state(row: ModelRow) -> State:
 
 def schedule(d: Defs, s: State) -> State | None:
     """schedule: Scheduler.schedule + build_connector_meta."""
-    if s.lateFinish or len(s.steps) >= (2 if d.row.async_scheduling else 1):
+    if s.lateFinish or len(s.steps) >= d.depth:
         return None
     if all(x == "freed" for x in s.req):
         return None

@@ -16,7 +16,7 @@ import pytest
 from kvspec.codec import to_values
 from kvspec.drivers.broken import drop_last_rank_model, off_by_one_model
 from kvspec.matrix import ModelRow, Topology
-from kvspec.model import Model, after_reports, reachable
+from kvspec.model import Model, after_reports, pipeline_depth, reachable
 from kvspec.statgraph import StateGraph, parse_dot, state_key, tlc_state_graph
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="java not installed")
@@ -39,6 +39,8 @@ MODELS = [
     row("fixed-nixl-tp2", "fixed", "nixl", 2, 1, 1, 1, False),
     row("shipped-upstream-pcp2", "v0.30-shipped", UPSTREAM, 1, 2, 1, 1, False),
     row("fixed-nixl-async-pcp2-r2", "fixed", "nixl", 1, 2, 2, 1, True),
+    # PP = 2 on the V2 runner with async scheduling: a 3-deep step pipeline.
+    ModelRow("fixed-nixl-pp2-async", "fixed", "nixl", Topology(1, 2, 1), 2, 1, True),
 ]
 
 
@@ -132,3 +134,14 @@ def test_parse_dot_escapes_and_stutter() -> None:
     assert g.states[1] == {"x": 'a"b', "y": frozenset({1})}
     assert g.edges == [(1, "Go", 2)]
     assert g.initial == {1}
+
+
+def test_pipeline_depth_is_vllms_max_concurrent_batches() -> None:
+    """config/vllm.py max_concurrent_batches: PP; async: PP + 1 (V2 runner), 2 (V1, PP 1)."""
+    def depth(pp: int, asy: bool, runner: str) -> int:
+        r = ModelRow("d", "fixed", "nixl", Topology(1, pp, 1), 1, 1, asy, runner=runner)
+        return pipeline_depth(r)
+
+    assert [depth(1, False, "v2"), depth(2, False, "v2"), depth(2, False, "v1")] == [1, 2, 2]
+    assert [depth(1, True, "v2"), depth(2, True, "v2"), depth(3, True, "v2")] == [2, 3, 4]
+    assert [depth(1, True, "v1"), depth(2, True, "v1")] == [2, 2]

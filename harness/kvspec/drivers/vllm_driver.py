@@ -42,7 +42,7 @@ from kvspec.drivers.vllm_env import BLOCK_SIZE
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
 from kvspec.drivers.vllm_view import Read, Step, VllmView, req_id, spec_r
 from kvspec.matrix import ModelRow
-from kvspec.model import ACTIONS, Action
+from kvspec.model import ACTIONS, Action, pipeline_depth
 
 __all__ = ["VllmDriver", "TransferCorrupted"]
 
@@ -106,7 +106,7 @@ class VllmDriver(VllmView, Driver):
             self.close()
             raise
         self.steps: deque[Step] = deque()
-        self.max_steps = 2 if row.async_scheduling else 1
+        self.max_steps = pipeline_depth(row)  # the spec's PipelineDepth (max_concurrent_batches)
         self.late_finish = False
         self.late_error: str | None = None
         self.emits = [0] * (self.N + 1)
