@@ -1,5 +1,5 @@
-"""The spec as Python: spec/KVCompletion.tla's state, its nine actions, successors, the
-reachable graph, and the one codec between model states and TLC/ITF values.
+"""The spec as Python: spec/KVCompletion.tla's state, its nine actions, successors and the
+reachable graph (kvspec.codec converts states to TLC/ITF values and back).
 
 Why a Python copy of the spec: trace generation, replay and counterexample labelling need a
 successor function with action parameters (TLC's dot dump labels edges with the operator
@@ -10,7 +10,7 @@ edge, so either can stand for the other.
 Each action is one function named after its TLA+ operator, taking the row's definitions
 (`Defs`), a `State` and the action's parameters, returning the successor or None when the
 guard is false; `ACTION_FNS` is the name -> function table. States are frozen and hashable
-(fast to explore); kvspec.codec turns them into TLC-shaped and ITF values and back.
+(fast to explore).
 """
 
 from __future__ import annotations

@@ -272,7 +272,7 @@ def test_fresh_tlc_lasso_has_loop_and_stuck(tmp_path: Path) -> None:
     cfg = tmp_path / "live.cfg"
     cfg.write_text(
         'CONSTANTS\n  Variant = "v0.30-shipped"\n  Composition = "nixl"\n  TP = 1\n  PP = 1\n'
-        "  PCP = 2\n  NReq = 1\n  Capacity = 1\n  AsyncScheduling = FALSE\n"
+        "  PCP = 2\n  NReq = 1\n  Capacity = 1\n  AsyncScheduling = FALSE\n  Runner = \"v2\"\n"
         "SPECIFICATION Spec\nPROPERTIES DelayedEventuallyFreed\n"
     )
     itf = tmp_path / "cex.itf.json"
