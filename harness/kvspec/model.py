@@ -3,9 +3,8 @@ reachable graph (kvspec.codec converts states to TLC/ITF values and back).
 
 Why a Python copy of the spec: trace generation, replay and counterexample labelling need a
 successor function with action parameters (TLC's dot dump labels edges with the operator
-name only), and a machine without Java (a GPU runner) must still generate traces.
-harness/tests/test_reference_graph.py proves that its reachable graph equals TLC's, edge for
-edge, so either can stand for the other.
+name only), and a machine without Java (a GPU runner) must still generate traces. Its graph
+equals TLC's edge for edge (test_reference_graph.py, `kvspec traces --tlc`).
 
 Each action is one function named after its TLA+ operator, taking the row's definitions
 (`Defs`), a `State` and the action's parameters, returning the successor or None when the
