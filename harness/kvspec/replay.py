@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kvspec.codec import to_values
+from kvspec.codec import to_itf
 from kvspec.drivers.base import Driver, MissingAction, WaitTimeout
 from kvspec.itf import JSON, value_to_itf
 from kvspec.matrix import ModelRow
@@ -172,21 +172,21 @@ def trace_from_actions(row: ModelRow, actions: list[Action], name: str) -> SpecT
     """Run `actions` on the reference model (each must be enabled) and record the states."""
     model = Model(row)
     s = initial_state(row)
-    states = [encode(to_values(row, s))]
+    states = [to_itf(row, s)]
     for a in actions:
         nxt = model.apply(s, a)
         if nxt is None:
             raise ValueError(f"{name}: {a} is not enabled after {len(states) - 1} steps")
         s = nxt
-        states.append(encode(to_values(row, s)))
+        states.append(to_itf(row, s))
     return SpecTrace(name, row, states, list(actions))
 
 
 def _explain(model: Model, prev: State, action: Action, obs: Mapping[str, JSON]) -> str | None:
     """Which other action's spec successor the observed state is, if any (divergences only:
     successors are computed and encoded only to explain a failure)."""
-    others = sorted(a for a, t in model.successors(prev) if a != action and encode(
-        to_values(model.row, t)) == obs)  # fmt: skip
+    succ = model.successors(prev)
+    others = sorted(a for a, t in succ if a != action and to_itf(model.row, t) == obs)
     if others:
         return f"the observed state is the spec successor of {others[0]}, not of {action}"
     return None

@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kvspec.itf import JSON
 from kvspec.matrix import DEFAULT_MATRIX, ModelRow, load_matrix
 
 REPO = DEFAULT_MATRIX.parents[1]
@@ -167,10 +166,3 @@ def lock_mismatches(have: Mapping[str, Lock], want: Mapping[str, Lock]) -> list[
                     if getattr(h, k) != getattr(w, k)]  # fmt: skip
             lines.append(f"{name}: " + ", ".join(diff))
     return lines
-
-
-def load_doc(path: Path) -> dict[str, JSON]:
-    doc = json.loads(path.read_text())
-    if not isinstance(doc, dict):
-        raise TraceStoreError(f"{path}:1: not an ITF trace document")
-    return doc
