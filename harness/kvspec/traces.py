@@ -102,10 +102,13 @@ def graph_from_tlc(row: ModelRow, g: StateGraph) -> ModelGraph:
 
 
 def graph_from_reference(row: ModelRow) -> ModelGraph:
-    """The same graph from the reference alone (tests; no TLC)."""
+    """The same graph from the model alone (no TLC)."""
     got = reachable(row)
-    assert got is not None
-    states, edges = got
+    assert got is not None  # no cap
+    return _model_graph(row, *got)
+
+
+def _model_graph(row: ModelRow, states: list[State], edges: list[Edge]) -> ModelGraph:
     out: dict[State, list[tuple[Action, State]]] = {s: [] for s in states}
     for s, a, t in edges:
         out[s].append((a, t))
@@ -266,10 +269,11 @@ def compact(doc: JSON) -> str:
 
 def generate_row(row: ModelRow, cap: int = STATE_CAP) -> tuple[Coverage, dict[str, str]]:
     """The edge-covering trace set of one row from the model: coverage, file name -> text."""
-    if reachable(row, cap=cap) is None:
+    got = reachable(row, cap=cap)  # explored once: the cap is checked on the way
+    if got is None:
         why = f"more than {cap} reachable states (raise the row's size limit to include it)"
         return Coverage(row.name, row.variant, skipped=why), {}
-    g = graph_from_reference(row)
+    g = _model_graph(row, *got)
     traces = select_traces(g)
     all_edges = g.edges
     covered = {e for t in traces for e in t}
