@@ -41,19 +41,21 @@ lint: venv
 # fail), unit + reference conformance tests (every trace), then the real-vLLM conformance
 # suite on an even sample of each model's traces (VLLM_SAMPLE; `make test-full` replays all).
 VLLM_SAMPLE ?= --per-model 40
+PYTEST_MARK ?= not slow
 VLLM_PYTEST := $(VENV)/bin/pytest -q conformance/test_conformance.py conformance/test_random_walks.py --driver vllm
 
 test: venv-vllm lint
 	mkdir -p build
 	$(VENV)/bin/kvspec traces --check --tlc
 	$(VENV)/bin/kvspec check --tier fast --out build/check-fast --quiet
-	$(VENV)/bin/pytest -q --junitxml=build/junit.xml
+	$(VENV)/bin/pytest -q -m "$(PYTEST_MARK)" --junitxml=build/junit.xml
 	$(VLLM_PYTEST) --impl-patch fix-53903 --variant fixed $(VLLM_SAMPLE) --junitxml=build/junit-vllm-fixed.xml
 	$(VLLM_PYTEST) --variant v0.30-shipped $(VLLM_SAMPLE) --junitxml=build/junit-vllm.xml
 
-# Everything `make test` does, with every conformance trace replayed on the real vLLM.
+# Everything `make test` does, with every conformance trace replayed on the real vLLM and the
+# tests marked slow (bigger graph-equality models).
 test-full:
-	$(MAKE) test VLLM_SAMPLE=
+	$(MAKE) test VLLM_SAMPLE= PYTEST_MARK=
 
 # The design-review artifact: trace coverage, the mutation campaign, then `kvspec review`
 # (full matrix + conformance on the installed vLLM) writes report/index.html + REPORT.md.

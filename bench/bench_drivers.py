@@ -19,7 +19,7 @@ from kvspec.matrix import ModelRow, Topology
 ROWS = [
     ("nixl", 1, 2, 1, "v0.30-shipped", None),
     ("nixl", 2, 3, 2, "v0.30-shipped", None),
-    ("multi-nixl-offload-delaying", 2, 2, 2, "fixed", "fix-53903"),
+    ("multi-nixl-hf3fs", 2, 2, 2, "fixed", "fix-53903"),
 ]
 
 
@@ -49,6 +49,15 @@ def main() -> None:
     ap.add_argument("--walks", type=int, default=20)
     ap.add_argument("--depth", type=int, default=30)
     args = ap.parse_args()
+    from kvspec.drivers.vllm_env import vllm_logs
+
+    # vLLM's and NIXL's own log lines go to build/logs/bench-<time>.log, as for conform.
+    with vllm_logs("bench") as log:
+        print(f"vLLM's log: {log}")
+        _bench(args.walks, args.depth)
+
+
+def _bench(walks: int, depth: int) -> None:
     from kvspec.drivers.vllm_driver import VllmDriver
 
     print("first setup of the first vllm row includes importing vLLM (once per process);")
@@ -60,14 +69,14 @@ def main() -> None:
         for kind in ("reference", "vllm"):
             setups: list[float] = []
             steps, run_s = 0, 0.0
-            for seed in range(args.walks):
+            for seed in range(walks):
                 t = time.perf_counter()
-                d: Driver = ReferenceDriver(rw) if kind == "reference" else VllmDriver(
-                    rw, impl_patch=patch
+                d: Driver = (
+                    ReferenceDriver(rw) if kind == "reference" else VllmDriver(rw, impl_patch=patch)
                 )
                 setups.append(time.perf_counter() - t)
                 t = time.perf_counter()
-                steps += _walk(rw, d, seed, args.depth)
+                steps += _walk(rw, d, seed, depth)
                 run_s += time.perf_counter() - t
                 d.close()
             later = setups[1:] or setups

@@ -31,7 +31,7 @@ FAIR = ("consumer_get_finished", "store_complete", "lease_expire", "schedule", "
 MAX_RANDOM = 25
 MAX_FAIR = 60
 
-D, U = "multi-nixl-offload-delaying", "multi-nixl-offload-upstream"
+D, U = "multi-nixl-hf3fs", "multi-nixl-offload-upstream"
 ROWS = [
     ModelRow("walk-fixed-delaying-pcp2", "fixed", D, Topology(1, 1, 2), 2, 1, False),
     ModelRow("walk-shipped-nixl-pcp2", "v0.30-shipped", "nixl", Topology(1, 1, 2), 2, 1, False),

@@ -25,9 +25,7 @@ def _row(comp: str, pcp: int) -> ModelRow:
     )
 
 
-@pytest.mark.parametrize(
-    "comp", ["nixl", "multi-nixl-offload-upstream", "multi-nixl-offload-delaying"]
-)
+@pytest.mark.parametrize("comp", ["nixl", "multi-nixl-offload-upstream", "multi-nixl-hf3fs"])
 def test_caches_live_and_are_registered_where_the_device_says(device: str, comp: str) -> None:
     from kvspec.drivers.vllm_cluster import _check_registration
     from kvspec.drivers.vllm_driver import VllmDriver
@@ -48,6 +46,13 @@ def test_caches_live_and_are_registered_where_the_device_says(device: str, comp:
                 ClusterError, match=f"registered its KV caches as {plan.nixl_memory}"
             ):
                 _check_registration(c.nixl_worker(w), device_plan(other), f"rank {w}")
+            if comp == "multi-nixl-hf3fs":
+                # vLLM's HF3FS child read the same caches (_setup_kv_cache_config): its
+                # save path gathers from this device.
+                child = c.workers[w]._connectors[1]
+                assert child._device.type == device
+                assert child._kvcache_ptrs.device.type == device
+                assert c.hf3fs(w)._device.type == device
         for t in range(len(c.consumers)):
             assert set(c.consumers[t].connector_worker.region_mem_types) == {plan.nixl_memory}
             assert {x.device.type for x in c.consumers_caches[t].values()} == {device}

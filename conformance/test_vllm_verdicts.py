@@ -4,10 +4,14 @@ These are the claims the README makes: vLLM 0.32.0 as shipped conforms to the sp
 `v0.30-shipped` and therefore replays the stall counterexample to its end (the real
 engine keeps a delayed request forever), while it diverges from `fixed` exactly at the
 replica's report; with the fix-53903 patch it follows `fixed`, including the async-
-scheduling counterexample in which blocks are freed while an offload store runs.
+scheduling counterexample in which MultiConnector(NixlConnector, HF3FSKVConnector) frees a
+request's blocks while its HF3FS save is still running.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from kvspec.replay import INCORRECT, load_trace, replay
@@ -16,25 +20,31 @@ from kvspec.traces import find_trace
 pytestmark = pytest.mark.vllm
 
 
-def _replay(name: str, patch: str | None, device: str) -> object:
+def _replay(
+    name: str, patch: str | None, device: str, after: Callable[[Any], None] | None = None
+) -> Any:
+    """Replay a trace; `after(driver)` runs on the driver at the end of a conforming one."""
     from kvspec.drivers.vllm_driver import VllmDriver
 
     trace = load_trace(find_trace(name))
     with VllmDriver(trace.row, device=device, impl_patch=patch) as driver:
         res = replay(driver, trace)
-    if res.timeout is not None:  # a wait expired: no verdict either way
-        pytest.skip(f"inconclusive: {res.timeout.what} did not happen in {res.timeout.limit_s}s")
+        if res.timeout is not None:  # a wait expired: no verdict either way
+            what, limit = res.timeout.what, res.timeout.limit_s
+            pytest.skip(f"inconclusive: {what} did not happen in {limit}s")
+        if res.failure is None and after is not None:
+            after(driver)
     return res
 
 
 def test_shipped_vllm_replays_the_stall_counterexample(device: str) -> None:
     res = _replay("pcp2-v0.30-shipped-nixl/cex-DelayedEventuallyFreed", None, device)
-    assert res.failure is None, res.failure  # type: ignore[attr-defined]
+    assert res.failure is None, res.failure
 
 
 def test_shipped_vllm_diverges_from_fixed_at_the_replica_report(device: str) -> None:
     res = _replay("conf-fixed-nixl-pcp2/003", None, device)
-    failure = res.failure  # type: ignore[attr-defined]
+    failure = res.failure
     assert failure is not None
     assert failure.cls == INCORRECT
     assert failure.action == "execute_model"
@@ -43,11 +53,22 @@ def test_shipped_vllm_diverges_from_fixed_at_the_replica_report(device: str) -> 
 
 def test_patched_vllm_follows_fixed_on_the_same_trace(device: str) -> None:
     res = _replay("conf-fixed-nixl-pcp2/003", "fix-53903", device)
-    assert res.failure is None, res.failure  # type: ignore[attr-defined]
+    assert res.failure is None, res.failure
 
 
 def test_patched_vllm_frees_while_storing_under_async_scheduling(device: str) -> None:
+    def freed_mid_save(driver: Any) -> None:
+        # The trace ends in the violation: a request the scheduler no longer holds whose
+        # save Future on some rank's AsyncOperationManager is not done.
+        in_flight = {
+            rid
+            for w in range(driver.W)
+            for rid, futures in driver.c.hf3fs(w)._save_futures.items()
+            if not all(f.done() for f in futures)
+        }
+        assert in_flight and not in_flight & set(driver.sched.requests)
+
     res = _replay(
-        "regress-async-fixed-offload-delaying/cex-NoFreeWhileInFlight", "fix-53903", device
+        "regress-async-fixed-hf3fs/cex-NoFreeWhileInFlight", "fix-53903", device, freed_mid_save
     )
-    assert res.failure is None, res.failure  # type: ignore[attr-defined]
+    assert res.failure is None, res.failure

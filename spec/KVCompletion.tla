@@ -4,7 +4,7 @@
 (*                                                                         *)
 (* Components: the v1 Scheduler, W = TP x PP x PCP workers each with its   *)
 (* own connector instance (NIXL pull producer, optionally wrapped in a     *)
-(* MultiConnector with an offloading child), the executor's               *)
+(* MultiConnector with an offloading or HF3FS child), the executor's      *)
 (* KVOutputAggregator, and the decode-side consumer that READs the KV.    *)
 (*                                                                         *)
 (* Every action is named after the vLLM call it stands for; the            *)
@@ -26,15 +26,18 @@ EXTENDS Naturals, FiniteSets, Sequences
 
 CONSTANTS
     Variant,          \* "v0.29" | "v0.30-shipped" | "fixed" | "naive-replicas"
-    Composition,      \* "nixl" | "multi-nixl-offload-upstream" | "multi-nixl-offload-delaying"
+    Composition,      \* "nixl" | "multi-nixl-offload-upstream" | "multi-nixl-hf3fs"
     TP, PP, PCP,      \* topology of the producer engine
     NReq,             \* number of requests
     Capacity,         \* KV block capacity, in requests
     AsyncScheduling,  \* scheduler_config.async_scheduling (vLLM's default: TRUE)
-    Runner            \* "v1" | "v2": the model runner (vLLM's default: "v2")
+    Runner,           \* "v1" | "v2": the model runner (vLLM's default: "v2")
+    Reaper,           \* "full-scan" (0.31+) | "early-break" (0.29, 0.30)
+    Transfer,         \* "pull" (NixlConnector) | "push" (NixlPushConnector)
+    DCP               \* decode_context_parallel_size of the producer
 
 Variants == {"v0.29", "v0.30-shipped", "fixed", "naive-replicas"}
-Compositions == {"nixl", "multi-nixl-offload-upstream", "multi-nixl-offload-delaying"}
+Compositions == {"nixl", "multi-nixl-offload-upstream", "multi-nixl-hf3fs"}
 
 ASSUME /\ Variant \in Variants
        /\ Composition \in Compositions
@@ -42,6 +45,13 @@ ASSUME /\ Variant \in Variants
        /\ NReq \in Nat \ {0} /\ Capacity \in Nat \ {0}
        /\ AsyncScheduling \in BOOLEAN
        /\ Runner \in {"v1", "v2"}
+       /\ Reaper \in {"full-scan", "early-break"}
+       /\ Transfer \in {"pull", "push"}
+       /\ DCP \in Nat \ {0}
+       \* nixl/connector.py:114-123: PCP with DCP only as TP = 1, DCP = PCP; push
+       \* rejects DCP > 1 (connector.py:383-386); 0.29 rejects PCP + DCP.
+       /\ (PCP > 1 /\ DCP > 1) => /\ TP = 1 /\ DCP = PCP /\ Transfer = "pull"
+                                 /\ Variant \notin {"v0.29", "naive-replicas"}
 
 W == TP * PP * PCP
 Ranks == 0 .. (W - 1)
@@ -53,8 +63,15 @@ Reqs == 1 .. NReq
 TpOf(w) == w % TP
 PcpOf(w) == (w \div TP) % PCP
 PpOf(w) == w \div (TP * PCP)
-\* nixl/base_worker.py: handshake metadata is keyed by (tp, pp) only.
-Ident(w) == <<TpOf(w), PpOf(w)>>
+(* PCP + DCP sharded mode (nixl/base_worker.py:667-672): every PCP rank     *)
+(* holds its own shard and is a transfer rank of its own (transfer_tp_rank *)
+(* = pcp_rank).  Replicas then publish, serve and are not cleared          *)
+(* (connector.py:254-259, 336-342; pull_worker.py:81).                     *)
+Sharded == PCP > 1 /\ DCP > 1
+
+\* nixl/base_worker.py: handshake metadata is keyed by (tp, pp); in sharded mode
+\* v1/worker/gpu_worker.py:826-834 adds pcp_rank * TP to the tp key.
+Ident(w) == IF Sharded THEN <<TpOf(w) + PcpOf(w) * TP, PpOf(w)>> ELSE <<TpOf(w), PpOf(w)>>
 
 (***************************************************************************)
 (* The step pipeline: how many scheduled steps may have output not yet     *)
@@ -71,7 +88,21 @@ PipelineDepth ==
     ELSE PP
 
 Multi == Composition # "nixl"
-Delaying == Composition = "multi-nixl-offload-delaying"
+(* The in-tree child that delays the free: HF3FSKVConnector                *)
+(* (distributed/kv_transfer/kv_connector/v1/hf3fs/hf3fs_connector.py).      *)
+(* Its request_finished returns (True, None) for every request (~680-685):  *)
+(* finished, aborted while running, aborted while waiting.  Its worker's   *)
+(* get_finished(finished_req_ids) is AsyncOperationManager.                 *)
+(* get_finished_operations -> _check_completed_saves (~189-225).  Upstream's *)
+(* OffloadingConnector never delays (offloading/scheduler.py                 *)
+(* request_finished returns (False, None)).                                 *)
+Delaying == Composition = "multi-nixl-hf3fs"
+(* The upstream OffloadingConnector (distributed/kv_transfer/kv_connector/  *)
+(* v1/offloading/): never delays the free, but every store job counts acks *)
+(* from all world_size workers (scheduler.py:335, 1818; worker.py:54 "non- *)
+(* writers still ack") and a freed block with a pending store is fenced:   *)
+(* reallocating it flushes the job (jobs_to_flush, scheduler.py:1865-1876). *)
+Offload == Composition = "multi-nixl-offload-upstream"
 
 (***************************************************************************)
 (* get_finished_count() and the aggregator's expected count.  0 = None.    *)
@@ -96,9 +127,13 @@ Expected == IF FinishedCount = 0 THEN W ELSE FinishedCount
 (*           nixl/connector.py:NixlBaseConnector.get_transfer_results     *)
 (*           clears finished_sending on pcp_rank > 0.                      *)
 (*  "queue": the intended fix (#53903): replicas report on metadata.       *)
+(* Sharded ranks all serve.  Push replicas are silent in every release:    *)
+(* nixl/push_worker.py:173-174 returns from start_load_kv before queueing, *)
+(* and the fix-53903 patch (the clear removed) does not reach them.        *)
 (***************************************************************************)
 RankMode(w) ==
-    IF PcpOf(w) = 0 \/ Variant = "naive-replicas" THEN "serve"
+    IF PcpOf(w) = 0 \/ Sharded \/ Variant = "naive-replicas" THEN "serve"
+    ELSE IF Transfer = "push" THEN "silent"
     ELSE CASE Variant = "v0.29" -> "silent"
            [] Variant = "v0.30-shipped" -> "queue-cleared"
            [] OTHER -> "queue"
@@ -108,21 +143,31 @@ RankMode(w) ==
 Publishes(w) == RankMode(w) = "serve"
 
 \* The consumer reads from the rank whose handshake it holds for (tp, pp):
-\* PCP rank 0; with naive replicas the last publisher wins the (tp, pp) key.
+\* PCP rank 0; with naive replicas the last publisher wins the (tp, pp) key;
+\* sharded, every rank holds a shard the consumer reads.  In push mode these
+\* are the ranks that WRITE.
 ReadSources == {w \in Ranks :
-                  IF Variant = "naive-replicas" THEN PcpOf(w) = PCP - 1 ELSE PcpOf(w) = 0}
+                  CASE Sharded -> TRUE
+                    [] Variant = "naive-replicas" -> PcpOf(w) = PCP - 1
+                    [] OTHER -> PcpOf(w) = 0}
 
-ReqStates == {"waiting", "running", "sending", "freed"}
+\* "sending": finished, free delayed (NIXL serves it; HF3FS may also hold it).
+\* "aborted-held" / "aborted-empty": aborted while running / waiting, free delayed by
+\* HF3FS (with / without blocks).
+ReqStates == {"waiting", "running", "sending", "aborted-held", "aborted-empty", "freed"}
+Delayed == {"sending", "aborted-held", "aborted-empty"}
 ReadStates == {"none", "inflight", "done"}
 NoReports == [w \in Ranks |-> {}]
 StepRec == [batch : SUBSET Reqs, toSend : SUBSET Reqs, notProc : SUBSET Reqs,
-            ran : BOOLEAN, out : [Ranks -> SUBSET Reqs]]
+            fin : SUBSET Reqs, jobs : SUBSET Reqs, flush : SUBSET Reqs, reused : SUBSET Reqs,
+            ran : BOOLEAN, out : [Ranks -> SUBSET Reqs], ack : [Ranks -> SUBSET Reqs]]
 
 VARIABLES
     \* --- Scheduler (v1/core/sched/scheduler.py) ---
     req,          \* request status; "sending" = finished, free delayed
     needSend,     \* nixl/pull_scheduler.py: _reqs_need_send (since last build_connector_meta)
     notProc,      \* nixl/pull_scheduler.py: _reqs_not_processed
+    finReqs,      \* scheduler.py: finished_req_ids since the last schedule (kept for HF3FS only)
     steps,        \* scheduled steps whose output is not applied yet (oldest first)
     \* --- Worker-side connectors, per rank ---
     toProcess,    \* nixl/pull_worker.py: _reqs_to_process
@@ -131,8 +176,15 @@ VARIABLES
     notif,        \* consumer notifications delivered to the rank's NIXL agent, unread
     replQ,        \* nixl/base_worker.py: _replicated_pcp_done_sending
     extra,        \* v1/multi_connector.py worker: _extra_async_saves (count is 0 or 1 here)
-    store,        \* offloading stores in flight
-    stored,       \* offloading stores completed, not yet reported
+    store,        \* HF3FS saves in flight (AsyncOperationManager._save_futures, not done);
+                  \* offloading store jobs submitted to the OffloadingWorker, not done
+    stored,       \* HF3FS saves done, request still in _save_futures (not reported);
+                  \* offloading store jobs done, not acked yet
+    pend,         \* HF3FS _pending_finished_requests: finished, saves still in flight
+    unsub,        \* offloading worker.py: _unsubmitted_store_jobs (deferred to next step)
+    \* --- Offloading scheduler (offloading/scheduler.py), one store job per request ---
+    jobs,         \* the job's pending_count (0 = none or complete)
+    fence,        \* requests whose job is in _block_id_to_pending_jobs (after request_finished)
     \* --- Decode-side consumer ---
     rd,           \* READ state per (request, producer rank)
     hb,           \* requests the consumer has heartbeated
@@ -141,35 +193,39 @@ VARIABLES
     \* --- History variables for the properties ---
     emits,        \* how often the aggregator emitted each request (capped at 2)
     lateFinish,   \* scheduler got finished_sending for a request it no longer holds
+    clobbered,    \* a forward wrote a reallocated block an offload store had yet to read
     published     \* ranks whose handshake metadata the consumer can see
 
-vars == <<req, needSend, notProc, steps, toProcess, lease, expired, notif, replQ, extra,
-          store, stored, rd, hb, agg, emits, lateFinish, published>>
+vars == <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif, replQ,
+          extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits, lateFinish,
+          clobbered, published>>
 
-Holding == {r \in Reqs : req[r] \in {"running", "sending"}}
+Holding == {r \in Reqs : req[r] \in {"running", "sending", "aborted-held"}}
 
 TypeOK ==
     /\ req \in [Reqs -> ReqStates]
-    /\ needSend \subseteq Reqs /\ notProc \subseteq Reqs
+    /\ needSend \subseteq Reqs /\ notProc \subseteq Reqs /\ finReqs \subseteq Reqs
     /\ steps \in Seq(StepRec) /\ Len(steps) <= PipelineDepth
-    /\ \A f \in {toProcess, lease, expired, notif, replQ, extra, store, stored} :
+    /\ \A f \in {toProcess, lease, expired, notif, replQ, extra, store, stored, pend, unsub} :
           f \in [Ranks -> SUBSET Reqs]
     /\ \A w \in Ranks : expired[w] \subseteq lease[w]
     /\ rd \in [Reqs -> [Ranks -> ReadStates]]
     /\ hb \subseteq Reqs
     /\ agg \in [Reqs -> 0 .. W]
     /\ emits \in [Reqs -> 0 .. 2]
-    /\ lateFinish \in BOOLEAN
+    /\ jobs \in [Reqs -> 0 .. W] /\ fence \subseteq Reqs
+    /\ lateFinish \in BOOLEAN /\ clobbered \in BOOLEAN
     /\ published \subseteq Ranks
     /\ Cardinality(Holding) <= Capacity
 
 Init ==
     /\ req = [r \in Reqs |-> "waiting"]
-    /\ needSend = {} /\ notProc = {}
+    /\ needSend = {} /\ notProc = {} /\ finReqs = {}
     /\ steps = <<>>
     /\ toProcess = NoReports /\ lease = NoReports /\ expired = NoReports
     /\ notif = NoReports /\ replQ = NoReports /\ extra = NoReports
-    /\ store = NoReports /\ stored = NoReports
+    /\ store = NoReports /\ stored = NoReports /\ pend = NoReports /\ unsub = NoReports
+    /\ jobs = [r \in Reqs |-> 0] /\ fence = {} /\ clobbered = FALSE
     /\ rd = [r \in Reqs |-> [w \in Ranks |-> "none"]]
     /\ hb = {}
     /\ agg = [r \in Reqs |-> 0]
@@ -182,21 +238,36 @@ Init ==
 (* Scheduler.schedule (v1/core/sched/scheduler.py): admit waiting requests  *)
 (* FCFS while blocks are free, then build_connector_meta: reqs_in_batch,   *)
 (* reqs_to_send (with lease deadlines), reqs_not_processed, and the        *)
-(* MultiConnector's extra_async_saves (derived: delaying => toSend).       *)
+(* MultiConnector's extra_async_saves (derived: delaying => toSend), with  *)
+(* scheduler_output.finished_req_ids (_free_request adds to it).          *)
 (* The engine keeps stepping while has_requests() (delayed ones included). *)
+(* Offloading: _build_store_jobs puts a store job for each scheduled       *)
+(* request's new full block in this metadata (pending_count = world_size), *)
+(* and a block allocated now that a fenced job has yet to store flushes    *)
+(* that job.  Block ids are abstract: an admission may be given any freed  *)
+(* block whose store is pending ("reused"; exact at Capacity 1, an over-  *)
+(* approximation beyond, sound for the safety property).                   *)
 schedule ==
     /\ ~lateFinish
     /\ Len(steps) < PipelineDepth
-    /\ \E r \in Reqs : req[r] # "freed"
+    \* has_requests(), or the offloading child's has_pending_push_work (jobs in flight)
+    /\ (\E r \in Reqs : req[r] # "freed") \/ (\E r \in Reqs : jobs[r] > 0)
     /\ LET free == Capacity - Cardinality(Holding)
            waiting == {r \in Reqs : req[r] = "waiting"}
            admit == {r \in waiting : Cardinality({q \in waiting : q < r}) < free}
+           newJobs == IF Offload THEN admit ELSE {}
+           reused == IF Offload /\ admit # {}
+                     THEN {r \in Reqs : req[r] = "freed" /\ jobs[r] > 0} ELSE {}
        IN /\ req' = [r \in Reqs |-> IF r \in admit THEN "running" ELSE req[r]]
           /\ steps' = Append(steps, [batch |-> admit, toSend |-> needSend,
-                                     notProc |-> notProc, ran |-> FALSE, out |-> NoReports])
-    /\ needSend' = {} /\ notProc' = {}
-    /\ UNCHANGED <<toProcess, lease, expired, notif, replQ, extra, store, stored,
-                   rd, hb, agg, emits, lateFinish, published>>
+                                     notProc |-> notProc, fin |-> finReqs,
+                                     jobs |-> newJobs, flush |-> reused \cap fence,
+                                     reused |-> reused, ran |-> FALSE,
+                                     out |-> NoReports, ack |-> NoReports])
+          /\ jobs' = [r \in Reqs |-> IF r \in newJobs THEN W ELSE jobs[r]]
+    /\ needSend' = {} /\ notProc' = {} /\ finReqs' = {}
+    /\ UNCHANGED <<toProcess, lease, expired, notif, replQ, extra, store, stored, pend,
+                   unsub, fence, rd, hb, agg, emits, lateFinish, clobbered, published>>
 
 (* The executor's collective execute_model: every worker runs the oldest  *)
 (* step not yet executed (v1/worker/kv_connector_model_runner_mixin.py):  *)
@@ -224,12 +295,33 @@ RankStep(w, m) ==
         known == notif[w] \cap (ls1 \cup tp1)
         tp2 == tp1 \ known
         ls2 == ls1 \ known
-        \* ... then _reap_expired_send_leases (full scan since 0.31)
-        reaped == expired[w] \cap ls2
+        \* ... then _reap_expired_send_leases: a full scan since 0.31; 0.29/0.30
+        \* stop at the first live lease in _reqs_to_send's order, which is request-id
+        \* order (leases are installed as requests finish, FCFS; heartbeats update the
+        \* deadline in place).
+        reaped == IF Reaper = "full-scan" THEN expired[w] \cap ls2
+                  ELSE {r \in expired[w] \cap ls2 :
+                          \A q \in ls2 \ expired[w] : r < q}
         nixlDone == CASE mode = "serve" -> known \cup reaped
                       [] mode = "queue" -> rq1
                       [] OTHER -> {}
-        offDone == IF Delaying THEN stored[w] ELSE {}
+        \* HF3FS: saves of this step's requests are submitted before get_finished
+        \* (wait_for_save -> submit_save_operation); _check_completed_saves reports
+        \* pending requests whose saves are done, then each request in
+        \* finished_req_ids whose saves are done or that has none; the rest pend.
+        st1 == IF Delaying THEN store[w] \cup m.batch ELSE store[w]
+        \* Offloading, in the V2 runner's order (v1/worker/gpu/kv_connector.py):
+        \* handle_preemptions submits and waits for the flushed jobs (worker.py:
+        \* 219-244); the forward writes the batch's blocks (the reused ones too);
+        \* start_kv_transfers submits the previous step's stores; prepare_store_kv
+        \* defers this step's jobs to the next step; get_finished acks completions.
+        flushed == m.flush \cap (unsub[w] \cup store[w] \cup m.jobs)
+        un1 == unsub[w] \ m.flush
+        sr1 == store[w] \ m.flush
+        fromPend == pend[w] \cap stored[w]
+        offDone == IF Delaying
+                   THEN fromPend \cup (m.fin \cap stored[w]) \cup (m.fin \ (st1 \cup stored[w]))
+                   ELSE {}
         \* multi_connector.py:get_transfer_results, children in order: a
         \* report is swallowed while the request has an extra-save entry.
         both == nixlDone \cap offDone
@@ -239,6 +331,12 @@ RankStep(w, m) ==
         expired |-> expired[w] \cap (ls2 \ reaped),
         replQ |-> IF mode \in {"queue", "queue-cleared"} THEN {} ELSE rq1,
         extra |-> ex0 \ (nixlDone \cup offDone),
+        store |-> IF Offload THEN sr1 \cup un1 ELSE st1,
+        stored |-> IF Offload THEN {} ELSE stored[w] \ offDone,
+        pend |-> IF Delaying THEN (pend[w] \ fromPend) \cup (m.fin \cap st1) ELSE pend[w],
+        unsub |-> IF Offload THEN m.jobs \ m.flush ELSE unsub[w],
+        clob |-> Offload /\ m.reused \cap (un1 \cup sr1) # {},
+        ack |-> IF Offload THEN stored[w] \cup flushed ELSE {},
         out |-> IF Multi THEN both \cup (one \ ex0) ELSE nixlDone]
 
 execute_model ==
@@ -251,15 +349,21 @@ execute_model ==
           /\ expired' = [w \in Ranks |-> new[w].expired]
           /\ replQ' = [w \in Ranks |-> new[w].replQ]
           /\ extra' = [w \in Ranks |-> new[w].extra]
-          /\ steps' = [steps EXCEPT ![i].ran = TRUE, ![i].out = [w \in Ranks |-> new[w].out]]
+          /\ store' = [w \in Ranks |-> new[w].store]
+          /\ stored' = [w \in Ranks |-> new[w].stored]
+          /\ pend' = [w \in Ranks |-> new[w].pend]
+          /\ unsub' = [w \in Ranks |-> new[w].unsub]
+          /\ clobbered' = clobbered \/ \E w \in Ranks : new[w].clob
+          /\ steps' = [steps EXCEPT ![i].ran = TRUE, ![i].out = [w \in Ranks |-> new[w].out],
+                                    ![i].ack = [w \in Ranks |-> new[w].ack]]
     /\ notif' = NoReports
-    /\ stored' = NoReports
-    /\ UNCHANGED <<req, needSend, notProc, store, rd, hb, agg, emits, lateFinish, published>>
+    /\ UNCHANGED <<req, needSend, notProc, finReqs, jobs, fence, rd, hb, agg, emits,
+                   lateFinish, published>>
 
 (* KVOutputAggregator.aggregate over the oldest step's W outputs, then      *)
 (* Scheduler.update_from_output: finished prefills go through _free_request *)
-(* -> connector.request_finished (NIXL delays: blocks exist; the delaying   *)
-(* offload child delays too and starts its stores on every rank), then     *)
+(* -> connector.request_finished (NIXL delays: blocks exist; HF3FS delays   *)
+(* too, and the request joins finished_req_ids), then                      *)
 (* _update_from_kv_xfer_finished frees each emitted request, asserting it   *)
 (* is still in self.requests.                                              *)
 Remaining(r) == IF agg[r] = 0 THEN Expected ELSE agg[r]
@@ -281,46 +385,100 @@ update_from_output ==
        IN /\ agg' = [r \in Reqs |-> AfterReports(r, cnt(r))]
           /\ emits' = [r \in Reqs |-> IF r \in emitted /\ emits[r] < 2 THEN emits[r] + 1
                                                                         ELSE emits[r]]
-          /\ req' = [r \in Reqs |-> IF r \in emitted /\ req1[r] = "sending" THEN "freed"
-                                                                          ELSE req1[r]]
-          /\ lateFinish' = \E r \in emitted : req1[r] # "sending"
+          /\ req' = [r \in Reqs |-> IF r \in emitted /\ req1[r] \in Delayed THEN "freed"
+                                                                           ELSE req1[r]]
+          /\ lateFinish' = \E r \in emitted : req1[r] \notin Delayed
           /\ needSend' = needSend \cup finishing
-          /\ store' = IF Delaying THEN [w \in Ranks |-> store[w] \cup finishing] ELSE store
+          /\ finReqs' = IF Delaying THEN finReqs \cup finishing ELSE finReqs
+          \* update_connector_output (offloading/scheduler.py:1951-1992): each ack
+          \* lowers pending_count; a job at 0 drops its fences.  request_finished
+          \* fences the finishing requests' pending jobs (scheduler.py:2035-2041).
+          /\ LET acks(r) == Cardinality({w \in Ranks : r \in m.ack[w]})
+                 jobs1 == [r \in Reqs |-> jobs[r] - acks(r)]
+             IN /\ jobs' = jobs1
+                /\ fence' = IF Offload THEN {r \in fence \cup finishing : jobs1[r] > 0}
+                            ELSE fence
     /\ steps' = Tail(steps)
-    /\ UNCHANGED <<notProc, toProcess, lease, expired, notif, replQ, extra, stored,
-                   rd, hb, published>>
+    /\ UNCHANGED <<notProc, toProcess, lease, expired, notif, replQ, extra, store, stored,
+                   pend, unsub, rd, hb, clobbered, published>>
 
 (* Scheduler.finish_requests(FINISHED_ABORTED) of a waiting or running     *)
 (* request: _free_request -> request_finished with an aborted status: NIXL *)
-(* adds it to _reqs_not_processed and does not delay.  Aborting a request  *)
-(* that already finished is a no-op (#25067), so it is not an action.     *)
+(* adds it to _reqs_not_processed and does not delay; HF3FS delays every   *)
+(* request, so MultiConnector delays (async_saves = 1, no extra save).     *)
+(* Aborting a request that already finished is a no-op (#25067).          *)
+(* v1/engine/core.py applies aborts in _process_aborts_queue just before   *)
+(* update_from_output and from the input queue between steps; a step      *)
+(* already scheduled still carries the request (update_from_output skips  *)
+(* finished requests).  Both are points between this spec's atomic steps. *)
 abort(r) ==
     /\ ~lateFinish
     /\ req[r] \in {"waiting", "running"}
-    /\ req' = [req EXCEPT ![r] = "freed"]
+    /\ req' = [req EXCEPT ![r] = IF ~Delaying THEN "freed"
+                                 ELSE IF req[r] = "running" THEN "aborted-held"
+                                 ELSE "aborted-empty"]
     /\ notProc' = notProc \cup {r}
-    /\ UNCHANGED <<needSend, steps, toProcess, lease, expired, notif, replQ, extra,
-                   store, stored, rd, hb, agg, emits, lateFinish, published>>
+    /\ finReqs' = IF Delaying THEN finReqs \cup {r} ELSE finReqs
+    \* The offloading child's request_finished fences r's pending store job.
+    /\ fence' = IF Offload /\ jobs[r] > 0 THEN fence \cup {r} ELSE fence
+    /\ UNCHANGED <<needSend, steps, toProcess, lease, expired, notif, replQ, extra, store,
+                   stored, pend, unsub, jobs, rd, hb, agg, emits, lateFinish, clobbered,
+                   published>>
 
 (* Decode side, D's NixlConnectorWorker.start_load_kv: READ of r's blocks  *)
 (* from producer rank w, issued with kv_transfer_params from request_finished. *)
 consumer_start_load_kv(r, w) ==
+    /\ Transfer = "pull"
     /\ req[r] = "sending"
     /\ w \in ReadSources
     /\ rd[r][w] = "none"
     /\ r \in toProcess[w]
     /\ r \notin expired[w]
     /\ rd' = [rd EXCEPT ![r][w] = "inflight"]
-    /\ UNCHANGED <<req, needSend, notProc, steps, toProcess, lease, expired, notif, replQ,
-                   extra, store, stored, hb, agg, emits, lateFinish, published>>
+    /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif,
+                   replQ, extra, store, stored, pend, unsub, jobs, fence, hb, agg, emits,
+                   lateFinish, clobbered, published>>
 
 (* D's get_finished: the READ completed; NIXL delivers "r:1" to rank w.    *)
 consumer_get_finished(r, w) ==
+    /\ Transfer = "pull"
     /\ rd[r][w] = "inflight"
     /\ rd' = [rd EXCEPT ![r][w] = "done"]
     /\ notif' = [notif EXCEPT ![w] = @ \cup {r}]
-    /\ UNCHANGED <<req, needSend, notProc, steps, toProcess, lease, expired, replQ,
-                   extra, store, stored, hb, agg, emits, lateFinish, published>>
+    /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, replQ,
+                   extra, store, stored, pend, unsub, jobs, fence, hb, agg, emits,
+                   lateFinish, clobbered, published>>
+
+(* Push mode (nixl/push_worker.py): producer rank w's writer thread WRITEs *)
+(* r's blocks once D's PUSH_REG and the blocks shipped with reqs_to_send    *)
+(* (push_scheduler.py:269-279, 336-338) are both there (_do_start_push_kv, *)
+(* 254-264, 297-313).  The lease must be installed (start_load_kv installs *)
+(* it only for r in _reqs_to_process, 220-226) and live.  rd records the   *)
+(* WRITE as it records a pull READ.  Not fair: D may never register.       *)
+push_write(r, w) ==
+    /\ Transfer = "push"
+    /\ req[r] = "sending"
+    /\ w \in ReadSources
+    /\ rd[r][w] = "none"
+    /\ r \in lease[w] \ expired[w]
+    /\ rd' = [rd EXCEPT ![r][w] = "inflight"]
+    /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif,
+                   replQ, extra, store, stored, pend, unsub, jobs, fence, hb, agg, emits,
+                   lateFinish, clobbered, published>>
+
+(* Every WRITE handle of r on rank w is done; _pop_done_transfers sees it  *)
+(* at w's next get_transfer_results and reports r if it is still tracked  *)
+(* (push_worker.py:821-839), the filter a pull notification gets; notif   *)
+(* carries it there.  The reaper runs first in push, notifications first  *)
+(* in pull: the reported set is the same.                                  *)
+push_write_done(r, w) ==
+    /\ Transfer = "push"
+    /\ rd[r][w] = "inflight"
+    /\ rd' = [rd EXCEPT ![r][w] = "done"]
+    /\ notif' = [notif EXCEPT ![w] = @ \cup {r}]
+    /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, replQ,
+                   extra, store, stored, pend, unsub, jobs, fence, hb, agg, emits,
+                   lateFinish, clobbered, published>>
 
 (* D's _send_heartbeats ("HB:r") while r waits in D's queue, before any   *)
 (* read; base_worker.py:_handle_heartbeat extends the lease on every rank. *)
@@ -331,25 +489,28 @@ heartbeat(r) ==
     /\ \A w \in Ranks : rd[r][w] = "none"
     /\ hb' = hb \cup {r}
     /\ expired' = [w \in Ranks |-> expired[w] \ {r}]
-    /\ UNCHANGED <<req, needSend, notProc, steps, toProcess, lease, notif, replQ, extra,
-                   store, stored, rd, agg, emits, lateFinish, published>>
+    /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, notif, replQ,
+                   extra, store, stored, pend, unsub, jobs, fence, rd, agg, emits,
+                   lateFinish, clobbered, published>>
 
 (* kv_lease_duration passes for r on rank w (no read of it in flight).     *)
 lease_expire(r, w) ==
     /\ r \in lease[w] \ expired[w]
     /\ rd[r][w] # "inflight"
     /\ expired' = [expired EXCEPT ![w] = @ \cup {r}]
-    /\ UNCHANGED <<req, needSend, notProc, steps, toProcess, lease, notif, replQ, extra,
-                   store, stored, rd, hb, agg, emits, lateFinish, published>>
+    /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, notif, replQ,
+                   extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits,
+                   lateFinish, clobbered, published>>
 
-(* The delaying offload child's store of r on rank w completes; it is      *)
-(* reported as finished_sending at that rank's next get_transfer_results.  *)
+(* HF3FS's save of r on rank w completes (its Future is done); the rank    *)
+(* reports it at a later get_finished once r is in finished_req_ids.      *)
 store_complete(r, w) ==
     /\ r \in store[w]
     /\ store' = [store EXCEPT ![w] = @ \ {r}]
     /\ stored' = [stored EXCEPT ![w] = @ \cup {r}]
-    /\ UNCHANGED <<req, needSend, notProc, steps, toProcess, lease, expired, notif, replQ,
-                   extra, rd, hb, agg, emits, lateFinish, published>>
+    /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif,
+                   replQ, extra, pend, unsub, jobs, fence, rd, hb, agg, emits, lateFinish,
+                   clobbered, published>>
 
 Next ==
     \/ schedule
@@ -358,6 +519,8 @@ Next ==
     \/ \E r \in Reqs : abort(r)
     \/ \E r \in Reqs, w \in Ranks : consumer_start_load_kv(r, w)
     \/ \E r \in Reqs, w \in Ranks : consumer_get_finished(r, w)
+    \/ \E r \in Reqs, w \in Ranks : push_write(r, w)
+    \/ \E r \in Reqs, w \in Ranks : push_write_done(r, w)
     \/ \E r \in Reqs : heartbeat(r)
     \/ \E r \in Reqs, w \in Ranks : lease_expire(r, w)
     \/ \E r \in Reqs, w \in Ranks : store_complete(r, w)
@@ -367,8 +530,9 @@ Next ==
 (*  schedule, update_from_output: EngineCore busy-loops step() while       *)
 (*    scheduler.has_requests(), delayed-free requests included.            *)
 (*  execute_model: the executor broadcasts every step to all workers.     *)
-(*  consumer_get_finished: an issued NIXL READ completes (UCX progress).   *)
-(*  store_complete: offload store jobs finish.                             *)
+(*  consumer_get_finished, push_write_done: an issued NIXL READ or WRITE    *)
+(*    completes (UCX progress).                                            *)
+(*  store_complete: HF3FS save futures complete.                          *)
 (*  lease_expire: wall-clock time passes; the lease is finite.             *)
 (* The last three are stated over all (r, w) at once: each instance can   *)
 (* fire only finitely often (reads and stores are issued once per request  *)
@@ -376,14 +540,15 @@ Next ==
 (* weak fairness of the disjunction implies it for every instance, at a    *)
 (* fraction of TLC's liveness cost.                                        *)
 (* No fairness on abort (clients need not abort), consumer_start_load_kv   *)
-(* (a decode engine may never read: leases exist for that case) or         *)
-(* heartbeat.                                                              *)
+(* or push_write (a decode engine may never read or register: leases      *)
+(* exist for that case) or heartbeat.                                      *)
 (***************************************************************************)
 Fairness ==
     /\ WF_vars(schedule)
     /\ WF_vars(execute_model)
     /\ WF_vars(update_from_output)
     /\ WF_vars(\E r \in Reqs, w \in Ranks : consumer_get_finished(r, w))
+    /\ WF_vars(\E r \in Reqs, w \in Ranks : push_write_done(r, w))
     /\ WF_vars(\E r \in Reqs, w \in Ranks : store_complete(r, w))
     /\ WF_vars(\E r \in Reqs, w \in Ranks : lease_expire(r, w))
 
@@ -393,7 +558,10 @@ Spec == Init /\ [][Next]_vars /\ Fairness
 (* Safety *)
 NoFreeWhileInFlight ==
     \A r \in Reqs : req[r] = "freed" =>
-        \A w \in Ranks : rd[r][w] # "inflight" /\ r \notin store[w]
+        \A w \in Ranks : rd[r][w] # "inflight" /\ (Delaying => r \notin store[w])
+
+\* An offload store never reads a block after its new owner's forward wrote it.
+NoStoreOfReusedBlock == ~clobbered
 
 NoLateFinish == ~lateFinish
 
@@ -403,7 +571,10 @@ HandshakeIdentityUnique ==
     \A w1, w2 \in published : w1 # w2 => Ident(w1) # Ident(w2)
 
 (* Liveness *)
-DelayedEventuallyFreed == \A r \in Reqs : (req[r] = "sending") ~> (req[r] = "freed")
+DelayedEventuallyFreed == \A r \in Reqs : (req[r] \in Delayed) ~> (req[r] = "freed")
+
+\* Every offloading store job completes (its pending_count reaches 0).
+StoreJobsComplete == \A r \in Reqs : (jobs[r] > 0) ~> (jobs[r] = 0)
 
 NoStall == \A r \in Reqs :
               (req[r] = "waiting" /\ Cardinality(Holding) = Capacity) ~> (req[r] # "waiting")
@@ -412,4 +583,7 @@ NoStall == \A r \in Reqs :
 ReachSending == \A r \in Reqs : req[r] # "sending"
 ReachFreedAfterSend == ~(\E r \in Reqs : req[r] = "freed" /\ emits[r] > 0)
 ReachKVFull == ~(\E r \in Reqs : req[r] = "waiting" /\ Cardinality(Holding) = Capacity)
+\* Offloading: a batch is allocated a freed block whose store job is still live (the
+\* situation NoStoreOfReusedBlock is about; only rows with two requests reach it).
+ReachReuseUnderStore == ~(\E i \in 1 .. Len(steps) : steps[i].reused # {})
 =============================================================================

@@ -1,19 +1,29 @@
 """`kvspec check`: model-check every matrix row and compare each verdict with its expectation.
 
 Per row, TLC runs as few times as the verdicts allow:
-* joint: one run with every invariant and every temporal property expected to hold. A
-  liveness run explores the whole state graph anyway, so checking the invariants in it
-  costs almost nothing and saves a JVM and a second exploration per row. If it passes,
-  all of them hold; if anything fails, they are all decided again the per-property way
-  below, so an unexpected verdict is always found by a run of its own (a timeout is the
-  exception: the temporal properties keep it, and only the invariants are run again);
-* safety: one run with every invariant still undecided; a violated invariant is recorded
-  (with its counterexample) and dropped, and TLC runs again until the rest hold;
+* joint: one run with every invariant expected to hold and every temporal property expected
+  to hold, or, where none is, the first one expected to be violated. A liveness run
+  explores the whole state graph anyway, so checking the invariants in it costs almost
+  nothing and saves a JVM and a second exploration. It runs with `-lncheck final`: the
+  temporal properties are checked once, on the complete state space, after a BFS in which
+  every invariant was checked in every state. So it decides all of them when it passes,
+  and also when the one property expected to be violated is (`TLCResult.complete`). Any
+  other outcome decides them all again the per-property way below, so an unexpected
+  verdict is always found by a run of its own (a timeout is the exception: the temporal
+  properties keep it, and only the invariants are run again);
+* safety: one run with every invariant expected to hold and still undecided; a violated one
+  is recorded (with its counterexample) and dropped, and TLC runs again until the rest hold;
+* violations: one `-continue` run with every invariant expected to be violated (vacuity
+  guards, known-bad designs), stopped as soon as TLC has reported each of them with a
+  counterexample (`kvspec.tlc_continue`: TLC names a violating state after the first of
+  the cfg's invariants it violates, so one not named by a finished run is run again).
+  Invariants expected to hold stay out of it: deciding them needs the whole state space,
+  where `-continue` prints a trace for every violating state (most states, for a guard);
 * liveness: one run with every temporal property expected to hold (if it passes, all
   hold); TLC 2.15 does not name the temporal property it refutes, so a property expected
   to be violated, or a joint run that fails, is checked on its own.
-Runs go two at a time (2 cores here). One failing row never hides the others: an error is
-a verdict of its own and the table still prints.
+Rows start longest first, two runs at a time (2 cores here). One failing row never hides
+the others: an error is a verdict of its own and the table still prints.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from kvspec import itf
 from kvspec.codec import from_itf
@@ -44,6 +55,7 @@ from kvspec.matrix import (
 )
 from kvspec.model import Model, pipeline_depth
 from kvspec.tlc import TLCResult, Trace, run_tlc
+from kvspec.tlc_continue import reported
 
 REPO = SPEC_FILE.parents[1]
 DEFAULT_OUT = REPO / "build" / "check"
@@ -80,27 +92,41 @@ class PropertyResult:
         }
 
 
-Runner = Callable[[ModelRow, list[str], list[str], Path], TLCResult]
+class Runner(Protocol):
+    """One TLC run of `row` with these invariants and temporal properties, its cfg and logs
+    under `work`; `every_violation`: in `-continue` mode, stopped once each invariant has
+    been reported violated (`TLCResult.violations`). A parameter of every check function
+    so that tests decide TLC's verdicts (a timeout, say) by construction."""
+
+    def __call__(
+        self, row: ModelRow, invariants: list[str], properties: list[str], work: Path,
+        *, every_violation: bool = False,
+    ) -> TLCResult: ...  # fmt: skip
 
 
 @dataclass(frozen=True)
 class TLCRunner:
-    """The `Runner` that model-checks: one TLC run of `row` with these invariants and
-    temporal properties, its cfg and logs under `work`. A parameter of every check
-    function so that tests decide TLC's verdicts (a timeout, say) by construction."""
+    """The `Runner` that model-checks."""
 
     timeout_s: float = TIMEOUT_S
 
     def __call__(
-        self, row: ModelRow, invariants: list[str], properties: list[str], work: Path
-    ) -> TLCResult:
+        self, row: ModelRow, invariants: list[str], properties: list[str], work: Path,
+        *, every_violation: bool = False,
+    ) -> TLCResult:  # fmt: skip
         work.mkdir(parents=True, exist_ok=True)
         tag = ("joint" if properties else "safety") if invariants else "-".join(properties)
+        tag = "violations" if every_violation else tag
         cfg = work / f"{tag}.cfg"
         cfg.write_text(row.cfg_text(invariants, properties))
+        # Joint runs check liveness once, on the complete graph (-lncheck final): a temporal
+        # violation is then found only after the BFS checked every invariant everywhere
+        # (check_joint relies on it), and no time goes to checks of partial graphs.
+        joint = ["-lncheck", "final"] if invariants and properties else []
+        extra = ["-continue"] if every_violation else joint
         return run_tlc(
             SPEC_FILE, cfg, deadlock=False, timeout_s=self.timeout_s, log_dir=work / "tlc",
-            fp=0, seed=0,
+            fp=0, seed=0, extra_args=extra, stop=reported(invariants) if every_violation else None,
         )  # fmt: skip
 
 
@@ -130,11 +156,12 @@ def _counterexample(row: ModelRow, trace: Trace | None, prop: str) -> dict[str, 
 
 
 def _decided(
-    row: ModelRow, props: Sequence[str], res: TLCResult, cex: dict[str, JSON] | None = None
-) -> list[PropertyResult]:
-    """`props` got TLC's verdict `res` (holds, or violated with counterexample `cex`)."""
+    row: ModelRow, props: Sequence[str], res: TLCResult, verdict: str,
+    cex: dict[str, JSON] | None = None,
+) -> list[PropertyResult]:  # fmt: skip
+    """`props` got `verdict` from TLC's run `res` (holds, or violated with counterexample)."""
     return [
-        PropertyResult(row, p, row.expect[p], res.verdict, res.distinct_states, res.seconds,
+        PropertyResult(row, p, row.expect[p], verdict, res.distinct_states, res.seconds,
                        counterexample=cex, log_path=str(res.log_path))
         for p in props
     ]  # fmt: skip
@@ -151,52 +178,92 @@ def _failed(row: ModelRow, props: Sequence[str], res: TLCResult) -> list[Propert
     ]  # fmt: skip
 
 
+def _expected(row: ModelRow, props: Sequence[str], verdict: str) -> list[str]:
+    return [p for p in props if row.expect.get(p) == verdict]
+
+
 def check_joint(
     row: ModelRow, work: Path, run: Runner = TLC
 ) -> tuple[list[PropertyResult], list[str]]:
     """The joint run (module docstring): its results, and the properties still to decide."""
     every = [p for p in INVARIANTS + REACHABILITY + TEMPORAL if p in row.expect]
-    invariants = [p for p in INVARIANTS + REACHABILITY if row.expect.get(p) == "holds"]
-    temporal = [p for p in TEMPORAL if row.expect.get(p) == "holds"]
+    invariants = _expected(row, INVARIANTS + REACHABILITY, "holds")
+    hold = _expected(row, TEMPORAL, "holds")
+    temporal = hold or _expected(row, TEMPORAL, "violated")[:1]
     if not invariants or not temporal:
         return [], every
     res = run(row, invariants, temporal, work)
+    rest = [p for p in every if p not in invariants + temporal]
     if res.verdict == "timeout":
         # Checking the temporal properties alone costs at least what the joint run did, so
         # running them again would only double the wait: they time out here, and only the
         # invariants (a cheaper safety run) are decided again.
-        return _failed(row, temporal, res), [p for p in every if p not in temporal]
-    if res.verdict != "holds":
-        return [], every
-    decided = invariants + temporal
-    return _decided(row, decided, res), [p for p in every if p not in decided]
+        return _failed(row, temporal, res), invariants + rest
+    if res.verdict == "holds":
+        return _decided(row, invariants + temporal, res, "holds"), rest
+    if not hold and res.verdict == "violated" and res.complete and not res.violations:
+        # The one temporal property (expected violated) is, in the complete state space:
+        # TLC got there after a BFS that found no invariant violated (-lncheck final).
+        cex = _counterexample(row, res.counterexample, temporal[0])
+        return _decided(row, invariants, res, "holds") + _decided(
+            row, temporal, res, "violated", cex
+        ), rest
+    return [], every
 
 
 def check_safety(
     row: ModelRow, work: Path, only: Sequence[str] | None = None, run: Runner = TLC
 ) -> list[PropertyResult]:
-    pending = [
-        p for p in INVARIANTS + REACHABILITY if p in row.expect and (only is None or p in only)
-    ]
+    props = [p for p in INVARIANTS + REACHABILITY if p in row.expect]
+    props = [p for p in props if only is None or p in only]
+    hold, bad = _expected(row, props, "holds"), _expected(row, props, "violated")
+    return _check_hold(row, hold, work, run) + _check_violated(row, bad, work, run)
+
+
+def _check_hold(row: ModelRow, pending: list[str], work: Path, run: Runner) -> list[PropertyResult]:
+    """The safety run (module docstring), again after each violation."""
     out: list[PropertyResult] = []
     while pending:
         res = run(row, pending, [], work)
         if res.verdict == "holds":
-            return out + _decided(row, pending, res)
+            return out + _decided(row, pending, res, "holds")
         prop = res.violated_property
         if res.verdict != "violated" or prop is None or prop not in pending:
             return out + _failed(row, pending, res)
-        out += _decided(row, [prop], res, _counterexample(row, res.counterexample, prop))
-        pending.remove(prop)
+        cex = _counterexample(row, res.counterexample, prop)
+        out += _decided(row, [prop], res, "violated", cex)
+        pending = [p for p in pending if p != prop]
+    return out
+
+
+def _check_violated(
+    row: ModelRow, pending: list[str], work: Path, run: Runner
+) -> list[PropertyResult]:
+    """The violations run (module docstring), again for any invariant it did not name."""
+    out: list[PropertyResult] = []
+    while pending:
+        res = run(row, pending, [], work, every_violation=True)
+        if res.verdict == "holds":  # a finished run that reported nothing: none is violated
+            return out + _decided(row, pending, res, "holds")
+        named = [p for p in res.violations if p in pending]
+        if res.verdict != "violated" or not named:
+            return out + _failed(row, pending, res)
+        for prop in named:
+            cex = _counterexample(row, res.violations[prop], prop)
+            out += _decided(row, [prop], res, "violated", cex)
+        # Each run names at least one more, so this ends; a name missing from a finished
+        # run may be violated only where an invariant listed before it also is.
+        pending = [p for p in pending if p not in named]
     return out
 
 
 def _temporal_one(row: ModelRow, prop: str, work: Path, run: Runner) -> PropertyResult:
     res = run(row, [], [prop], work)
     if res.verdict == "holds":
-        return _decided(row, [prop], res)[0]
+        return _decided(row, [prop], res, "holds")[0]
     if res.verdict == "violated":
-        return _decided(row, [prop], res, _counterexample(row, res.counterexample, prop))[0]
+        cex = _counterexample(row, res.counterexample, prop)
+        return _decided(row, [prop], res, "violated", cex)[0]
     return _failed(row, [prop], res)[0]
 
 
@@ -209,7 +276,7 @@ def check_liveness(
     if len(hold) > 1:
         res = run(row, [], hold, work)
         if res.verdict == "holds":
-            out += _decided(row, hold, res)
+            out += _decided(row, hold, res, "holds")
             hold = []
         elif res.verdict != "violated":
             out += _failed(row, hold, res)
@@ -236,12 +303,13 @@ def save_counterexamples(results: list[PropertyResult], out_dir: Path) -> None:
             path.write_text(itf.dumps(res.counterexample))
 
 
-# Measured: the delaying child multiplies the states of a NIXL row by 3 to 80 (its store
-# tables), the upstream child barely changes them.
+# Measured: the delaying child (HF3FS) multiplies the states of a NIXL row by 3 to 80 (its
+# store tables); the upstream child's job accounting by ~12 (1,423 vs 117 reachable edges
+# for the one-request PCP 2 conformance rows).
 _COMPOSITION_COST = {
     "nixl": 1.0,
-    "multi-nixl-offload-upstream": 1.3,
-    "multi-nixl-offload-delaying": 20.0,
+    "multi-nixl-offload-upstream": 12.0,
+    "multi-nixl-hf3fs": 20.0,
 }
 
 

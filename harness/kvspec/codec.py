@@ -12,8 +12,8 @@ from collections.abc import Mapping
 
 from kvspec.itf import JSON, value_from_itf, value_to_itf
 from kvspec.matrix import ModelRow
-from kvspec.model import VARIABLES, PerRank, Reqs, State, Step
 from kvspec.tlcvalue import Fn, Record, Value, make_fn
+from kvspec.vocab import VARIABLES, PerRank, Reqs, State, Step
 
 
 def _ranks_fn(w: int, per_rank: PerRank) -> Value:
@@ -21,7 +21,10 @@ def _ranks_fn(w: int, per_rank: PerRank) -> Value:
     return make_fn((x, per_rank[x]) for x in range(w))
 
 
-_PER_RANK = ("toProcess", "lease", "expired", "notif", "replQ", "extra", "store", "stored")
+_PER_RANK = (
+    "toProcess", "lease", "expired", "notif", "replQ", "extra", "store", "stored", "pend",
+    "unsub",
+)  # fmt: skip
 
 
 def to_values(row: ModelRow, s: State) -> dict[str, Value]:
@@ -33,8 +36,13 @@ def to_values(row: ModelRow, s: State) -> dict[str, Value]:
                 "batch": st.batch,
                 "toSend": st.toSend,
                 "notProc": st.notProc,
+                "fin": st.fin,
+                "jobs": st.jobs,
+                "flush": st.flush,
+                "reused": st.reused,
                 "ran": st.ran,
                 "out": _ranks_fn(w, st.out),
+                "ack": _ranks_fn(w, st.ack),
             }
         )
         for st in s.steps
@@ -43,11 +51,15 @@ def to_values(row: ModelRow, s: State) -> dict[str, Value]:
         "req": s.req,
         "needSend": s.needSend,
         "notProc": s.notProc,
+        "finReqs": s.finReqs,
         "steps": steps,
         "hb": s.hb,
         "agg": s.agg,
         "emits": s.emits,
         "lateFinish": s.lateFinish,
+        "clobbered": s.clobbered,
+        "jobs": s.jobs,
+        "fence": s.fence,
         "published": s.published,
         "rd": tuple(make_fn((x, row_rd[x]) for x in range(w)) for row_rd in s.rd),
     }
@@ -99,7 +111,9 @@ def from_values(row: ModelRow, values: Mapping[str, Value]) -> State:
             raise ValueError(f"steps element is not a record: {rec!r}")
         steps.append(
             Step(_reqs(rec["batch"]), _reqs(rec["toSend"]), _reqs(rec["notProc"]),
-                 bool(rec["ran"]), _per_rank(w, rec["out"]))  # fmt: skip
+                 _reqs(rec["fin"]), _reqs(rec["jobs"]), _reqs(rec["flush"]),
+                 _reqs(rec["reused"]), bool(rec["ran"]), _per_rank(w, rec["out"]),
+                 _per_rank(w, rec["ack"]))  # fmt: skip
         )
     pub = values["published"]
     if not isinstance(pub, frozenset):
@@ -109,12 +123,16 @@ def from_values(row: ModelRow, values: Mapping[str, Value]) -> State:
         req=tuple(str(x) for x in _seq(values["req"], n)),
         needSend=_reqs(values["needSend"]),
         notProc=_reqs(values["notProc"]),
+        finReqs=_reqs(values["finReqs"]),
         steps=tuple(steps),
         rd=tuple(tuple(str(_fn_dict(x)[y]) for y in range(w)) for x in _seq(values["rd"], n)),
         hb=_reqs(values["hb"]),
         agg=tuple(_int(x) for x in _seq(values["agg"], n)),
         emits=tuple(_int(x) for x in _seq(values["emits"], n)),
         lateFinish=bool(values["lateFinish"]),
+        clobbered=bool(values["clobbered"]),
+        jobs=tuple(_int(x) for x in _seq(values["jobs"], n)),
+        fence=_reqs(values["fence"]),
         published=_reqs(pub),
         **per_rank,
     )

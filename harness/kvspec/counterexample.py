@@ -21,7 +21,7 @@ from typing import Literal
 
 from kvspec.itf import JSON, trace_from_itf
 from kvspec.matrix import Topology
-from kvspec.model import Action
+from kvspec.model import DELAYED, Action
 from kvspec.tlcvalue import Fn, ModelValue, Record, Value, sort_key
 
 Tone = Literal["normal", "ok", "bad", "muted", "warn"]
@@ -97,7 +97,7 @@ class Analysis:
         """(key, label) of every lane, left to right."""
         ranks = [(rank_lane(w), rank_name(self.topology, w)) for w in self.ranks]
         return ((SCHEDULER, "scheduler"), (AGGREGATOR, "aggregator"), *ranks,
-                (CONSUMER, "consumer (D)"), (OFFLOAD, "offload"))  # fmt: skip
+                (CONSUMER, "consumer (D)"), (OFFLOAD, "offload (HF3FS)"))  # fmt: skip
 
 
 # ---------------------------------------------------------------- reading states
@@ -247,7 +247,7 @@ def _update_events(prev: State, cur: State) -> list[Event]:
     req_a, req_b = _by_int(prev.get("req")), _by_int(cur.get("req"))
     emits_a, emits_b = _by_int(prev.get("emits")), _by_int(cur.get("emits"))
     agg_a, agg_b = _by_int(prev.get("agg")), _by_int(cur.get("agg"))
-    freed = {q for q in req_b if (req_a.get(q), req_b[q]) == ("sending", "freed")}
+    freed = {q for q in req_b if req_a.get(q) in DELAYED and req_b[q] == "freed"}
     emitted = sorted(q for q in req_b if _int(emits_b.get(q)) > _int(emits_a.get(q)) or q in freed)
     ev = [
         Event("arrow", AGGREGATOR, SCHEDULER, f"free {q}", "ok") if q in freed
@@ -266,11 +266,17 @@ def _update_events(prev: State, cur: State) -> list[Event]:
             ev.append(Event("box", AGGREGATOR, AGGREGATOR, text))
     for q in sorted(q for q in req_b if (req_a.get(q), req_b[q]) == ("running", "sending")):
         ev.append(Event("box", SCHEDULER, SCHEDULER, f"req {q} finished: free delayed"))
-    started = _added(prev, cur, "store")
-    for q in sorted({rq for rq, _ in started}):
-        on = [rw for rq, rw in started if rq == q]
-        ev.append(Event("arrow", SCHEDULER, OFFLOAD, f"store {q} on ranks {_fmt_set(on)}"))
     return ev
+
+
+def _save_events(prev: State, cur: State) -> list[Event]:
+    """execute_model: the HF3FS saves the step submitted (wait_for_save), per request."""
+    started = _added(prev, cur, "store")
+    return [
+        Event("arrow", SCHEDULER, OFFLOAD,
+              f"save {q} on ranks {_fmt_set([rw for rq, rw in started if rq == q])}")
+        for q in sorted({rq for rq, _ in started})
+    ]  # fmt: skip
 
 
 def _describe(
@@ -290,9 +296,10 @@ def _describe(
         return [Event("box", SCHEDULER, SCHEDULER, "schedule: " + ("; ".join(parts) or "empty"))]
     if name == "execute_model":
         out = _reports(prev, cur)
-        return [Event("arrow", rank_lane(x), AGGREGATOR, f"finished_sending {_fmt_set(got)}",
-                      "ok" if got else "muted")
-                for x in ranks for got in [out.get(x, frozenset())]]  # fmt: skip
+        reports = [Event("arrow", rank_lane(x), AGGREGATOR, f"finished_sending {_fmt_set(got)}",
+                         "ok" if got else "muted")
+                   for x in ranks for got in [out.get(x, frozenset())]]  # fmt: skip
+        return reports + _save_events(prev, cur)
     if name == "update_from_output":
         return _update_events(prev, cur)
     if name == "abort":
@@ -301,6 +308,10 @@ def _describe(
         dst = rank_lane(w) if w is not None else CONSUMER
         text = f"READ {_n(r)}" if name == "consumer_start_load_kv" else f"notif {_n(r)}:1"
         return [Event("arrow", CONSUMER, dst, text)]
+    if name in ("push_write", "push_write_done"):
+        src = rank_lane(w) if w is not None else SCHEDULER
+        text = f"WRITE {_n(r)}" if name == "push_write" else f"WRITE {_n(r)} done"
+        return [Event("arrow", src, CONSUMER, text)]
     if name == "heartbeat":
         return [Event("arrow", CONSUMER, rank_lane(ranks[0]), f"HB:{_n(r)} (all ranks)")]
     if name == "lease_expire":
@@ -308,7 +319,7 @@ def _describe(
         return [Event("mark", lane, lane, f"lease {_n(r)} expired", "warn")]
     if name == "store_complete":
         lane = rank_lane(w) if w is not None else OFFLOAD
-        return [Event("box", lane, lane, f"offload: store {_n(r)} done", "ok")]
+        return [Event("box", lane, lane, f"HF3FS: save {_n(r)} done", "ok")]
     return [Event("box", SCHEDULER, SCHEDULER, name, "muted")]
 
 
@@ -347,7 +358,7 @@ def _violation(last: State, ranks: Sequence[int], topo: Topology | None) -> list
                 found.append(f"req {q} freed while READ in flight on {rank_name(topo, w)}")
             if q in store.get(w, frozenset()):
                 found.append(
-                    f"req {q} freed while offload store in flight on {rank_name(topo, w)}"
+                    f"req {q} freed while its HF3FS save is in flight on {rank_name(topo, w)}"
                 )
     if last.get("lateFinish") is True:
         found.append("scheduler got finished_sending for a request it no longer holds")

@@ -20,7 +20,7 @@ from kvspec.replay import SpecTrace, trace_from_actions
 EXTENSIONS_FILE = Path(__file__).resolve().parents[2] / "conformance" / "extensions.toml"
 KEYS = frozenset(
     ("name", "why", "variants", "model", "composition", "topology", "requests", "capacity",
-     "async_scheduling", "actions")
+     "async_scheduling", "transfer", "actions")
 )  # fmt: skip
 
 
@@ -65,6 +65,9 @@ def _extension(raw: dict[str, object], where: str) -> Extension:
     async_sched = raw.get("async_scheduling", False)
     if not isinstance(async_sched, bool):
         raise ValueError(f"{where}: async_scheduling must be true or false")
+    transfer = raw.get("transfer", "pull")
+    if transfer not in ("pull", "push"):
+        raise ValueError(f"{where}: transfer must be \"pull\" or \"push\", got {transfer!r}")
     actions = raw.get("actions")
     if not isinstance(actions, list) or not actions:
         raise ValueError(f"{where}: actions must be a non-empty list of strings")
@@ -80,6 +83,7 @@ def _extension(raw: dict[str, object], where: str) -> Extension:
         requests=_positive(raw.get("requests"), where, "requests"),
         capacity=_positive(raw.get("capacity"), where, "capacity"),
         async_scheduling=async_sched,
+        transfer=str(transfer),
     )
     return Extension(str(raw["name"]), str(raw.get("why", "")), tuple(variants), shape, parsed)
 

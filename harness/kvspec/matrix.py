@@ -19,18 +19,31 @@ from typing import NamedTuple
 from kvspec.itf import JSON
 
 VARIANTS = ("v0.29", "v0.30-shipped", "fixed", "naive-replicas")
-COMPOSITIONS = ("nixl", "multi-nixl-offload-upstream", "multi-nixl-offload-delaying")
+COMPOSITIONS = ("nixl", "multi-nixl-offload-upstream", "multi-nixl-hf3fs")
+# nixl/base_worker.py:_reap_expired_send_leases: 0.29 and 0.30 stop at the first lease
+# not yet expired ("early-break", #50789); 0.31+ scan every lease ("full-scan", #58222).
+REAPERS = ("full-scan", "early-break")
+# kv_connector NixlConnector (pull: the decode side READs) or NixlPushConnector (push: the
+# producer WRITEs), nixl/connector.py:373-414.
+TRANSFERS = ("pull", "push")
+
+
+def default_reaper(variant: str) -> str:
+    """The reaper the release a variant stands for ships: v0.29 is 0.29 (early-break);
+    the others stand for 0.31+ code (full-scan). 0.30 rows say reaper = "early-break"."""
+    return "early-break" if variant == "v0.29" else "full-scan"
 INVARIANTS = (
     "TypeOK",
     "NoFreeWhileInFlight",
     "NoLateFinish",
     "AtMostOnceEmit",
     "HandshakeIdentityUnique",
+    "NoStoreOfReusedBlock",
 )
-TEMPORAL = ("DelayedEventuallyFreed", "NoStall")
+TEMPORAL = ("DelayedEventuallyFreed", "NoStall", "StoreJobsComplete")
 # Invariants that must be violated in any non-trivial model: they guard against vacuity
 # (a model in which nothing is ever sent or KV is never full proves nothing).
-REACHABILITY = ("ReachSending", "ReachFreedAfterSend", "ReachKVFull")
+REACHABILITY = ("ReachSending", "ReachFreedAfterSend", "ReachKVFull", "ReachReuseUnderStore")
 PROPERTIES = INVARIANTS + TEMPORAL + REACHABILITY
 VERDICTS = ("holds", "violated")
 # config/vllm.py use_v2_model_runner: V2 unless disabled or unsupported (vLLM's default).
@@ -81,6 +94,13 @@ class ModelRow:
     expect: dict[str, str] = field(default_factory=dict)
     tier: str = "default"
     runner: str = "v2"
+    reaper: str = ""  # "" = the variant's release default (default_reaper)
+    transfer: str = "pull"
+    dcp: int = 1  # decode_context_parallel_size; PCP > 1 and DCP > 1 = sharded mode
+
+    def __post_init__(self) -> None:
+        if not self.reaper:
+            object.__setattr__(self, "reaper", default_reaper(self.variant))
 
     def constants(self) -> dict[str, str]:
         """CONSTANT assignments in TLC .cfg syntax."""
@@ -94,6 +114,9 @@ class ModelRow:
             "Capacity": str(self.capacity),
             "AsyncScheduling": "TRUE" if self.async_scheduling else "FALSE",
             "Runner": f'"{self.runner}"',
+            "Reaper": f'"{self.reaper}"',
+            "Transfer": f'"{self.transfer}"',
+            "DCP": str(self.dcp),
         }
 
     def to_meta(self) -> dict[str, JSON]:
@@ -109,6 +132,9 @@ class ModelRow:
             "capacity": self.capacity,
             "async_scheduling": self.async_scheduling,
             "runner": self.runner,
+            "reaper": self.reaper,
+            "transfer": self.transfer,
+            "dcp": self.dcp,
         }
 
     @staticmethod
@@ -124,6 +150,9 @@ class ModelRow:
             capacity=int(meta["capacity"]),
             async_scheduling=bool(meta["async_scheduling"]),
             runner=str(meta.get("runner", "v2")),
+            reaper=str(meta.get("reaper", "")),
+            transfer=str(meta.get("transfer", "pull")),
+            dcp=int(meta.get("dcp", 1)),
         )
 
     def cfg_text(self, invariants: list[str], properties: list[str]) -> str:
@@ -184,12 +213,33 @@ def _row(raw: dict[str, object], defaults: dict[str, object], where: str) -> Mod
                 )
             expect[prop] = str(verdict)
     expect = {k: v for k, v in expect.items() if v != "skip"}
+    if comp != "multi-nixl-offload-upstream":
+        # Only the upstream offloading child creates store jobs: elsewhere `jobs` stays
+        # empty and StoreJobsComplete holds vacuously; skipping it saves a liveness pass.
+        expect.pop("StoreJobsComplete", None)
     async_sched = merged.get("async_scheduling", True)  # vLLM's default
     if not isinstance(async_sched, bool):
         raise MatrixError(f"{where}: async_scheduling must be true or false")
     runner = merged.get("runner", "v2")
     if runner not in RUNNERS:
         raise MatrixError(f"{where}: runner {runner!r} unknown; use one of {', '.join(RUNNERS)}")
+    reaper = merged.get("reaper", default_reaper(str(variant)))
+    if reaper not in REAPERS:
+        raise MatrixError(f"{where}: reaper {reaper!r} unknown; use one of {', '.join(REAPERS)}")
+    transfer = merged.get("transfer", "pull")
+    if transfer not in TRANSFERS:
+        raise MatrixError(
+            f"{where}: transfer {transfer!r} unknown; use one of {', '.join(TRANSFERS)}"
+        )
+    dcp = _int(merged.get("dcp", 1), where, "dcp")
+    if topology.pcp > 1 and dcp > 1 and (
+        topology.tp != 1 or dcp != topology.pcp or transfer != "pull"
+        or variant in ("v0.29", "naive-replicas")
+    ):  # fmt: skip
+        raise MatrixError(
+            f"{where}: PCP + DCP (sharded mode) needs tp = 1, dcp = pcp, pull transfer and a "
+            "0.30+ design (nixl/connector.py:114-123, 383-386); fix the row"
+        )
     tier = merged.get("tier", "default")
     if not isinstance(tier, str):
         raise MatrixError(f"{where}: tier must be a string")
@@ -202,6 +252,9 @@ def _row(raw: dict[str, object], defaults: dict[str, object], where: str) -> Mod
         capacity=_int(merged.get("capacity", 1), where, "capacity"),
         async_scheduling=async_sched,
         runner=str(runner),
+        reaper=str(reaper),
+        transfer=str(transfer),
+        dcp=dcp,
         expect=expect,
         tier=tier,
     )

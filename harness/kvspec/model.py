@@ -15,196 +15,40 @@ guard is false; `ACTION_FNS` is the name -> function table. States are frozen an
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
+from kvspec.children import ChildStep, hf3fs_step, offload_step
+from kvspec.defs import (
+    HF3FS,
+    Defs,
+    RankStepFn,
+    expected_count,
+    pipeline_depth,
+    rank_mode,
+    read_sources,
+)
 from kvspec.matrix import ModelRow
+from kvspec.vocab import (
+    ACTIONS,
+    DELAYED,
+    EMPTY,
+    HOLDING,
+    VARIABLES,
+    Action,
+    PerRank,
+    RankResult,
+    Reqs,
+    State,
+    Step,
+)
 
-# name -> parameter names, in the order the TLA+ operator takes them. A parameter is a
-# request id `r` (1..NReq) or a vLLM global rank `w` (0..W-1, see matrix.Topology).
-ACTIONS: dict[str, tuple[str, ...]] = {
-    "schedule": (),
-    "execute_model": (),
-    "update_from_output": (),
-    "abort": ("r",),
-    "consumer_start_load_kv": ("r", "w"),
-    "consumer_get_finished": ("r", "w"),
-    "heartbeat": ("r",),
-    "lease_expire": ("r", "w"),
-    "store_complete": ("r", "w"),
-}
-
-# The spec's VARIABLES, in declaration order.
-VARIABLES = (
-    "req", "needSend", "notProc", "steps", "toProcess", "lease", "expired", "notif",
-    "replQ", "extra", "store", "stored", "rd", "hb", "agg", "emits", "lateFinish",
-    "published",
-)  # fmt: skip
-
-
-@dataclass(frozen=True, order=True)
-class Action:
-    """One action instance: the operator name and its parameter values."""
-
-    name: str
-    r: int | None = None
-    w: int | None = None
-
-    @property
-    def args(self) -> tuple[int, ...]:
-        return tuple(v for v in (self.r, self.w) if v is not None)
-
-    def params(self) -> dict[str, int]:
-        return dict(zip(ACTIONS[self.name], self.args, strict=True))
-
-    def __str__(self) -> str:
-        args = ", ".join(map(str, self.args))
-        return f"{self.name}({args})" if args else self.name
-
-    @staticmethod
-    def parse(text: str) -> Action:
-        """Inverse of __str__: 'lease_expire(1, 0)' -> Action('lease_expire', 1, 0)."""
-        name, _, rest = text.strip().partition("(")
-        name = name.strip()
-        if name not in ACTIONS:
-            raise ValueError(f"unknown action {name!r}; known: {', '.join(ACTIONS)}")
-        vals = [int(x) for x in rest.rstrip(") ").split(",") if x.strip()]
-        names = ACTIONS[name]
-        if len(vals) != len(names):
-            raise ValueError(f"{name} takes {len(names)} parameters, got {len(vals)}")
-        kw = dict(zip(names, vals, strict=True))
-        return Action(name, kw.get("r"), kw.get("w"))
-
-
-Reqs = frozenset[int]
-PerRank = tuple[Reqs, ...]  # index w in 0..W-1
-EMPTY: Reqs = frozenset()
-
-
-@dataclass(frozen=True)
-class Step:
-    """One element of `steps`: a scheduled step's connector metadata and its outputs."""
-
-    batch: Reqs
-    toSend: Reqs
-    notProc: Reqs
-    ran: bool
-    out: PerRank
-
-
-@dataclass(frozen=True)
-class State:
-    """The spec's 18 variables. Functions over Reqs are tuples indexed by r - 1."""
-
-    req: tuple[str, ...]
-    needSend: Reqs
-    notProc: Reqs
-    steps: tuple[Step, ...]
-    toProcess: PerRank
-    lease: PerRank
-    expired: PerRank
-    notif: PerRank
-    replQ: PerRank
-    extra: PerRank
-    store: PerRank
-    stored: PerRank
-    rd: tuple[tuple[str, ...], ...]  # rd[r - 1][w]
-    hb: Reqs
-    agg: tuple[int, ...]
-    emits: tuple[int, ...]
-    lateFinish: bool
-    published: frozenset[int]
-
-
-@dataclass(frozen=True)
-class RankResult:
-    """RankStep(w, m)'s record: one rank's new per-rank state and its report."""
-
-    toProcess: Reqs
-    lease: Reqs
-    expired: Reqs
-    replQ: Reqs
-    extra: Reqs
-    out: Reqs
-
-
-RankStepFn = Callable[["Defs", State, int, Step], RankResult]
-
-
-def rank_mode(row: ModelRow, w: int) -> str:
-    """RankMode(w): what rank w's NIXL worker does with reqs_to_send."""
-    pcp = row.topology.rank_coords(w).pcp
-    if pcp == 0 or row.variant == "naive-replicas":
-        return "serve"
-    if row.variant == "v0.29":
-        return "silent"
-    if row.variant == "v0.30-shipped":
-        return "queue-cleared"
-    return "queue"
-
-
-def expected_count(row: ModelRow) -> int:
-    """Expected: nixl get_finished_count is TP x PP in 0.29, None (0) since; a
-    MultiConnector's is None; the aggregator then waits for world_size reports."""
-    t = row.topology
-    nixl = t.tp * t.pp if row.variant == "v0.29" else 0
-    finished = nixl if row.composition == "nixl" else 0
-    return t.world_size if finished == 0 else finished
-
-
-def pipeline_depth(row: ModelRow) -> int:
-    """PipelineDepth: config/vllm.py max_concurrent_batches (PP; async: PP + 1 on the V2
-    runner, 2 on V1 at PP = 1)."""
-    pp = row.topology.pp
-    if not row.async_scheduling:
-        return pp
-    if row.runner == "v2":
-        return pp + 1
-    return 2 if pp <= 1 else pp
-
-
-def read_sources(row: ModelRow) -> frozenset[int]:
-    """ReadSources: PCP rank 0, or the last publisher of a (tp, pp) key (naive replicas)."""
-    t = row.topology
-    want = t.pcp - 1 if row.variant == "naive-replicas" else 0
-    return frozenset(w for w in range(t.world_size) if t.rank_coords(w).pcp == want)
-
-
-@dataclass(frozen=True)
-class Defs:
-    """The spec's definitions derived from a row's constants (W, Expected, RankMode, ...),
-    computed once per row. `rank_step` and `expected` are the two hooks negative controls
-    bend (kvspec.drivers.broken)."""
-
-    row: ModelRow
-    w: int
-    reqs: range
-    multi: bool
-    delaying: bool
-    expected: int
-    depth: int
-    modes: tuple[str, ...]
-    read_sources: frozenset[int]
-    rank_step: RankStepFn = field(compare=False)
-
-    @staticmethod
-    def of(row: ModelRow, rank_step_fn: RankStepFn | None = None) -> Defs:
-        w = row.topology.world_size
-        return Defs(
-            row=row,
-            w=w,
-            reqs=range(1, row.requests + 1),
-            multi=row.composition != "nixl",
-            delaying=row.composition == "multi-nixl-offload-delaying",
-            expected=expected_count(row),
-            depth=pipeline_depth(row),
-            modes=tuple(rank_mode(row, x) for x in range(w)),
-            read_sources=read_sources(row),
-            rank_step=rank_step_fn or rank_step,
-        )
-
-    @property
-    def ranks(self) -> range:
-        return range(self.w)
+# Re-exported: the model is where callers look for the spec's vocabulary and definitions.
+__all__ = [
+    "ACTIONS", "ACTION_FNS", "DELAYED", "EMPTY", "HF3FS", "HOLDING", "VARIABLES", "Action",
+    "Defs", "Model", "PerRank", "RankResult", "RankStepFn", "Reqs", "State", "Step",
+    "after_reports", "all_actions", "expected_count", "initial_state", "pipeline_depth",
+    "rank_mode", "rank_step", "read_sources", "reachable",
+]  # fmt: skip
 
 
 # ---------------------------------------------------------------- helpers
@@ -220,7 +64,7 @@ def _set_rd(s: State, r: int, w: int, v: str) -> tuple[tuple[str, ...], ...]:
 
 
 def _holding(s: State) -> int:
-    return sum(1 for x in s.req if x in ("running", "sending"))
+    return sum(1 for x in s.req if x in HOLDING)
 
 
 def initial_state(row: ModelRow) -> State:
@@ -228,11 +72,13 @@ def initial_state(row: ModelRow) -> State:
     d = Defs.of(row)
     none: PerRank = (EMPTY,) * d.w
     return State(
-        req=("waiting",) * row.requests, needSend=EMPTY, notProc=EMPTY, steps=(),
-        toProcess=none, lease=none, expired=none, notif=none, replQ=none, extra=none,
-        store=none, stored=none, rd=(("none",) * d.w,) * row.requests, hb=EMPTY,
+        req=("waiting",) * row.requests, needSend=EMPTY, notProc=EMPTY, finReqs=EMPTY,
+        steps=(), toProcess=none, lease=none, expired=none, notif=none, replQ=none,
+        extra=none, store=none, stored=none, pend=none, unsub=none,
+        jobs=(0,) * row.requests, fence=EMPTY,
+        rd=(("none",) * d.w,) * row.requests, hb=EMPTY,
         agg=(0,) * row.requests, emits=(0,) * row.requests, lateFinish=False,
-        published=frozenset(w for w in d.ranks if d.modes[w] == "serve"),
+        clobbered=False, published=frozenset(w for w in d.ranks if d.modes[w] == "serve"),
     )  # fmt: skip
 
 
@@ -243,14 +89,30 @@ def schedule(d: Defs, s: State) -> State | None:
     """schedule: Scheduler.schedule + build_connector_meta."""
     if s.lateFinish or len(s.steps) >= d.depth:
         return None
-    if all(x == "freed" for x in s.req):
+    # has_requests(), or the offloading child's has_pending_push_work (jobs in flight)
+    if all(x == "freed" for x in s.req) and not any(s.jobs):
         return None
     free = d.row.capacity - _holding(s)
     waiting = [r for r in d.reqs if s.req[r - 1] == "waiting"]  # ascending id: FCFS
     admit = frozenset(waiting[: max(free, 0)])
     req = tuple("running" if r in admit else s.req[r - 1] for r in d.reqs)
-    step = Step(admit, s.needSend, s.notProc, False, (EMPTY,) * d.w)
-    return replace(s, req=req, steps=(*s.steps, step), needSend=EMPTY, notProc=EMPTY)
+    jobs, reused, flush = EMPTY, EMPTY, EMPTY
+    if d.offload:
+        jobs = admit
+        if admit:
+            reused = frozenset(r for r in d.reqs if s.req[r - 1] == "freed" and s.jobs[r - 1])
+        flush = reused & s.fence
+    none: PerRank = (EMPTY,) * d.w
+    step = Step(admit, s.needSend, s.notProc, s.finReqs, jobs, flush, reused, False, none, none)
+    return replace(
+        s,
+        req=req,
+        steps=(*s.steps, step),
+        needSend=EMPTY,
+        notProc=EMPTY,
+        finReqs=EMPTY,
+        jobs=tuple(d.w if r in jobs else s.jobs[r - 1] for r in d.reqs),
+    )
 
 
 def rank_step(d: Defs, s: State, w: int, m: Step) -> RankResult:
@@ -264,14 +126,15 @@ def rank_step(d: Defs, s: State, w: int, m: Step) -> RankResult:
     known = s.notif[w] & (ls1 | tp1)
     tp2 = tp1 - known
     ls2 = ls1 - known
-    reaped = s.expired[w] & ls2
+    reaped = _reap(d, s.expired[w], ls2)
     if mode == "serve":
         nixl_done = known | reaped
     elif mode == "queue":
         nixl_done = rq1
     else:
         nixl_done = EMPTY
-    off_done = s.stored[w] if d.delaying else EMPTY
+    child: ChildStep = (hf3fs_step if d.delaying else offload_step)(d, s, w, m)
+    off_done = child.reported
     both = nixl_done & off_done
     one = (nixl_done | off_done) - both
     return RankResult(
@@ -280,8 +143,25 @@ def rank_step(d: Defs, s: State, w: int, m: Step) -> RankResult:
         expired=s.expired[w] & (ls2 - reaped),
         replQ=EMPTY if queues else rq1,
         extra=ex0 - (nixl_done | off_done),
+        store=child.store,
+        stored=child.stored,
+        pend=child.pend,
+        unsub=child.unsub,
+        clobbered=child.clobbered,
         out=both | (one - ex0) if d.multi else nixl_done,
+        ack=child.ack,
     )
+
+
+def _reap(d: Defs, expired: Reqs, leases: Reqs) -> Reqs:
+    """Reaped: the expired leases _reap_expired_send_leases releases. Full scan: all of
+    them; early break (0.29/0.30): those before the first live lease in _reqs_to_send's
+    order, which is request-id order (leases are installed as requests finish, FCFS)."""
+    if not d.early_break:
+        return expired & leases
+    live = leases - expired
+    head = min(live) if live else None
+    return frozenset(r for r in expired & leases if head is None or r < head)
 
 
 def step_to_run(s: State) -> int | None:
@@ -299,7 +179,7 @@ def execute_model(d: Defs, s: State) -> State | None:
         return None
     m = s.steps[i]
     new = [d.rank_step(d, s, w, m) for w in d.ranks]
-    ran = replace(m, ran=True, out=tuple(n.out for n in new))
+    ran = replace(m, ran=True, out=tuple(n.out for n in new), ack=tuple(n.ack for n in new))
     none: PerRank = (EMPTY,) * d.w
     return replace(
         s,
@@ -308,9 +188,13 @@ def execute_model(d: Defs, s: State) -> State | None:
         expired=tuple(n.expired for n in new),
         replQ=tuple(n.replQ for n in new),
         extra=tuple(n.extra for n in new),
+        store=tuple(n.store for n in new),
+        stored=tuple(n.stored for n in new),
+        pend=tuple(n.pend for n in new),
+        unsub=tuple(n.unsub for n in new),
+        clobbered=s.clobbered or any(n.clobbered for n in new),
         steps=s.steps[:i] + (ran,) + s.steps[i + 1 :],
         notif=none,
-        stored=none,
     )
 
 
@@ -337,6 +221,11 @@ def update_from_output(d: Defs, s: State) -> State | None:
     }
     finishing = frozenset(r for r in m.batch if s.req[r - 1] == "running")
     req1 = tuple("sending" if r in finishing else s.req[r - 1] for r in d.reqs)
+    # update_connector_output: each completed_jobs ack lowers the job's pending_count; a
+    # job at 0 drops its fences. request_finished fences the finishing requests' jobs.
+    acks = {r: sum(1 for w in d.ranks if r in m.ack[w]) for r in d.reqs}
+    jobs = tuple(s.jobs[r - 1] - acks[r] for r in d.reqs)
+    fence = frozenset(r for r in s.fence | finishing if jobs[r - 1] > 0) if d.offload else s.fence
     return replace(
         s,
         agg=tuple(after_reports(exp, s.agg[r - 1], cnt[r]) for r in d.reqs),
@@ -344,27 +233,38 @@ def update_from_output(d: Defs, s: State) -> State | None:
             e + 1 if r in emitted and e < 2 else e for r, e in zip(d.reqs, s.emits, strict=True)
         ),
         req=tuple(
-            "freed" if r in emitted and req1[r - 1] == "sending" else req1[r - 1] for r in d.reqs
+            "freed" if r in emitted and req1[r - 1] in DELAYED else req1[r - 1] for r in d.reqs
         ),
-        lateFinish=any(req1[r - 1] != "sending" for r in emitted),
+        lateFinish=any(req1[r - 1] not in DELAYED for r in emitted),
         needSend=s.needSend | finishing,
-        store=tuple(x | finishing for x in s.store) if d.delaying else s.store,
+        finReqs=s.finReqs | finishing if d.delaying else s.finReqs,
+        jobs=jobs,
+        fence=fence,
         steps=s.steps[1:],
     )
 
 
 def abort(d: Defs, s: State, r: int) -> State | None:
-    """abort(r): Scheduler.finish_requests(FINISHED_ABORTED) of a waiting/running request."""
+    """abort(r): Scheduler.finish_requests(FINISHED_ABORTED) of a waiting/running request;
+    freed at once unless the HF3FS child delays it (request_finished returns True)."""
     if s.lateFinish or s.req[r - 1] not in ("waiting", "running"):
         return None
-    req = s.req[: r - 1] + ("freed",) + s.req[r:]
-    return replace(s, req=req, notProc=s.notProc | {r})
+    if not d.delaying:
+        new = "freed"
+    else:
+        new = "aborted-held" if s.req[r - 1] == "running" else "aborted-empty"
+    req = s.req[: r - 1] + (new,) + s.req[r:]
+    fin = s.finReqs | {r} if d.delaying else s.finReqs
+    # The offloading child's request_finished fences r's pending store job.
+    fence = s.fence | {r} if d.offload and s.jobs[r - 1] else s.fence
+    return replace(s, req=req, notProc=s.notProc | {r}, finReqs=fin, fence=fence)
 
 
 def consumer_start_load_kv(d: Defs, s: State, r: int, w: int) -> State | None:
     """consumer_start_load_kv(r, w): the decode side's READ of r from producer rank w."""
     if (
-        s.req[r - 1] != "sending"
+        d.push
+        or s.req[r - 1] != "sending"
         or w not in d.read_sources
         or s.rd[r - 1][w] != "none"
         or r not in s.toProcess[w]
@@ -376,9 +276,34 @@ def consumer_start_load_kv(d: Defs, s: State, r: int, w: int) -> State | None:
 
 def consumer_get_finished(d: Defs, s: State, r: int, w: int) -> State | None:
     """consumer_get_finished(r, w): the READ completed; "r:1" is delivered to rank w."""
-    if s.rd[r - 1][w] != "inflight":
+    if d.push or s.rd[r - 1][w] != "inflight":
         return None
+    return _transfer_done(s, r, w)
+
+
+def _transfer_done(s: State, r: int, w: int) -> State:
     return replace(s, rd=_set_rd(s, r, w, "done"), notif=_set_at(s.notif, w, s.notif[w] | {r}))
+
+
+def push_write(d: Defs, s: State, r: int, w: int) -> State | None:
+    """push_write(r, w): producer rank w's writer thread WRITEs r (_do_start_push_kv)."""
+    if (
+        not d.push
+        or s.req[r - 1] != "sending"
+        or w not in d.read_sources
+        or s.rd[r - 1][w] != "none"
+        or r not in s.lease[w]
+        or r in s.expired[w]
+    ):
+        return None
+    return replace(s, rd=_set_rd(s, r, w, "inflight"))
+
+
+def push_write_done(d: Defs, s: State, r: int, w: int) -> State | None:
+    """push_write_done(r, w): r's WRITE handles on rank w are done (_pop_done_transfers)."""
+    if not d.push or s.rd[r - 1][w] != "inflight":
+        return None
+    return _transfer_done(s, r, w)
 
 
 def heartbeat(d: Defs, s: State, r: int) -> State | None:
@@ -396,7 +321,8 @@ def lease_expire(d: Defs, s: State, r: int, w: int) -> State | None:
 
 
 def store_complete(d: Defs, s: State, r: int, w: int) -> State | None:
-    """store_complete(r, w): the delaying offload child's store of r on rank w completes."""
+    """store_complete(r, w): the child's store of r on rank w completes (an HF3FS save
+    future, or an offloading store job submitted to the OffloadingWorker)."""
     if r not in s.store[w]:
         return None
     return replace(
@@ -414,6 +340,8 @@ ACTION_FNS: dict[str, ActionFn] = {
     "abort": abort,
     "consumer_start_load_kv": consumer_start_load_kv,
     "consumer_get_finished": consumer_get_finished,
+    "push_write": push_write,
+    "push_write_done": push_write_done,
     "heartbeat": heartbeat,
     "lease_expire": lease_expire,
     "store_complete": store_complete,

@@ -29,7 +29,7 @@ from kvspec.mutations.catalogue import MUTANTS
 from kvspec.replay import SpecTrace, load_trace, replay
 from kvspec.traces import trace_files
 
-DRIVER_COMPOSITIONS = ("nixl", "multi-nixl-offload-delaying", "multi-nixl-offload-upstream")
+DRIVER_COMPOSITIONS = ("nixl", "multi-nixl-hf3fs", "multi-nixl-offload-upstream")
 # Per model, the shortest conformance traces only: traces are generated shortest-first to
 # cover edges, and every kill seen so far came from within the first 15 of a model; the
 # cap keeps an equivalent (surviving) mutant from replaying all ~1,700 traces.

@@ -9,6 +9,11 @@ sharing either between concurrent runs breaks them.
 The verdict comes from TLC's tagged messages first and the exit code second: TLC 2.15
 exits 0 after a violation under ``-continue`` and also when SANY fails to read a standard
 module, so exit code 0 alone never means "holds"; a success message (2193) must be seen.
+
+Under ``-continue`` TLC reports every violating state, each with its own trace, naming only
+the first invariant (in cfg order) that state violates, and still ends with 2193 and exit
+code 0; ``TLCResult.violations`` keeps the first report of each invariant. A ``stop``
+predicate (see ``kvspec.tlc_continue``) ends such a run once it has said enough.
 """
 
 from __future__ import annotations
@@ -16,16 +21,17 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from kvspec.jar import JarError, JavaMissing
+from kvspec.tlc_errors import location, module_files, one_line, sany_error
+from kvspec.tlc_process import kill_group, tlc_args, wait_tlc
 from kvspec.tlcvalue import TLCValueError, Value, parse_state
 from kvspec.tools import java_command
 
@@ -43,6 +49,7 @@ MSG_STUTTERING = 2218
 MSG_INVARIANT_VIOLATED = 2110
 MSG_INVARIANT_VIOLATED_INITIAL = 2107
 MSG_TEMPORAL_VIOLATED = 2116
+MSG_CHECKING_TEMPORAL = 2192
 MSG_DEADLOCK = 2114
 MSG_ASSUME_FALSE = 2104
 MSG_ASSERT_FAILED = 2132
@@ -91,6 +98,13 @@ class TLCResult:
     log_path: Path
     exit_code: int | None
     error: str | None = None
+    # Every invariant TLC reported violated, first report first, with its counterexample
+    # (more than one only under -continue; a timed-out run reports none).
+    violations: dict[str, Trace | None] = field(default_factory=dict)
+    # TLC explored every reachable state: it reported success, or checked the temporal
+    # properties on the complete state space (only after a BFS that found no violation,
+    # or under -continue), so every invariant in the cfg was checked in every state.
+    complete: bool = False
 
 
 # ---------------------------------------------------------------- output parsing
@@ -159,6 +173,29 @@ def parse_trace(messages: Sequence[Message]) -> Trace | None:
     return trace if trace.states else None
 
 
+# Messages that start only once the trace printed before them is complete: the next
+# violation, success, final counts, finished (not progress: its place is not promised).
+TRACE_CLOSERS = frozenset({MSG_INVARIANT_VIOLATED, MSG_INVARIANT_VIOLATED_INITIAL, MSG_SUCCESS,
+                           MSG_FINAL_COUNTS, MSG_FINISHED})  # fmt: skip
+
+
+def _violations(messages: Sequence[Message], stopped: bool) -> dict[str, Trace | None]:
+    """The first report (2107 or 2110, with the trace after it) of each violated invariant;
+    of a run killed by its ``stop`` predicate, only the reports it completed."""
+    found: dict[str, Trace | None] = {}
+    closer = max((i for i, m in enumerate(messages) if m.code in TRACE_CLOSERS), default=-1)
+    for i, msg in enumerate(messages):
+        m = re.search(r"Invariant (\S+) is violated", msg.body)
+        if msg.code not in (MSG_INVARIANT_VIOLATED, MSG_INVARIANT_VIOLATED_INITIAL) or m is None:
+            continue
+        if stopped and i >= (closer if msg.code == MSG_INVARIANT_VIOLATED else len(messages) - 1):
+            break
+        if m.group(1) not in found:
+            first = i if msg.code == MSG_INVARIANT_VIOLATED_INITIAL else i + 1
+            found[m.group(1)] = parse_trace(messages[first:])
+    return found
+
+
 def cfg_properties(cfg_text: str) -> list[str]:
     """Names listed under PROPERTY/PROPERTIES in a TLC config file."""
     text = re.sub(r"\(\*.*?\*\)", " ", cfg_text, flags=re.DOTALL)
@@ -176,10 +213,6 @@ def cfg_properties(cfg_text: str) -> list[str]:
         elif section in ("PROPERTY", "PROPERTIES"):
             props.append(tok)
     return props
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _find(messages: Sequence[Message], code: int) -> Message | None:
@@ -214,78 +247,17 @@ def _version(messages: Sequence[Message]) -> str | None:
     if msg is None:
         return None
     m = re.search(r"Version (\S+).*?\(rev: (\w+)\)", msg.body)
-    return f"{m.group(1)} (rev {m.group(2)})" if m else _one_line(msg.body)
-
-
-def _module_files(loose: str) -> dict[str, str]:
-    """Module name -> file path, from SANY's "Parsing file ..." lines."""
-    files: dict[str, str] = {}
-    for m in re.finditer(r"^Parsing file (.+)$", loose, flags=re.MULTILINE):
-        path = m.group(1).strip()
-        files.setdefault(Path(path).stem, path)
-    return files
-
-
-def _sany_error(loose: str, spec: Path) -> str | None:
-    """``FILE:LINE:COL: message`` from SANY's own report of a parse/semantic error."""
-    files = _module_files(loose)
-    m = re.search(
-        r"\*\*\*Parse Error\*\*\*\s*(.*?)\n\s*Encountered (.*?) at line (\d+), column (\d+)"
-        r"(.*?)\n",
-        loose,
-        flags=re.DOTALL,
-    )
-    if m:
-        before = loose[: m.start()]
-        parsing = re.findall(r"^Parsing file (.+)$", before, flags=re.MULTILINE)
-        path = parsing[-1].strip() if parsing else str(spec)
-        expecting = _one_line(m.group(1))
-        msg = _one_line(f"Encountered {m.group(2)}{m.group(5)}")
-        return f"{path}:{m.group(3)}:{m.group(4)}: parse error: {msg}; {expecting}"
-    m = re.search(r"Lexical error at line (\d+), column (\d+)\.(.*?)\n", loose)
-    if m:
-        parsing = re.findall(r"^Parsing file (.+)$", loose[: m.start()], flags=re.MULTILINE)
-        path = parsing[-1].strip() if parsing else str(spec)
-        return f"{path}:{m.group(1)}:{m.group(2)}: lexical error:{_one_line(m.group(3))}"
-    m = re.search(
-        r"\*\*\* Errors: \d+\s+line (\d+), col (\d+) to line \d+, col \d+ of module (\w+)"
-        r"\s+(.*?)\n\s*\n",
-        loose,
-        flags=re.DOTALL,
-    )
-    if m:
-        path = files.get(m.group(3), f"{m.group(3)}.tla")
-        return f"{path}:{m.group(1)}:{m.group(2)}: {_one_line(m.group(4))}"
-    m = re.search(r"\*\*\* Abort messages: \d+\s+(.*?)\n\s*\n\s*(.*?)\n\s*\n", loose, re.DOTALL)
-    if m:
-        where = _one_line(m.group(1))
-        mod = re.match(r"In module (\w+)", where)
-        path = files.get(mod.group(1), str(spec)) if mod else str(spec)
-        return f"{path}: {_one_line(m.group(2))}"
-    return None
-
-
-_POSITION = re.compile(
-    r"[Ll]ine (\d+), col(?:umn)? (\d+) to line \d+, col(?:umn)? \d+ (?:in|of module) (\w+)"
-)
-
-
-def _location(text: str, files: dict[str, str], last: bool = True) -> str | None:
-    found = _POSITION.findall(text)
-    if not found:
-        return None
-    line, col, mod = found[-1] if last else found[0]
-    return f"{files.get(mod, mod + '.tla')}:{line}:{col}"
+    return f"{m.group(1)} (rev {m.group(2)})" if m else one_line(msg.body)
 
 
 def _error_message(rc: int, messages: Sequence[Message], loose: str, spec: Path, cfg: Path) -> str:
     """The one-line reason for an error verdict (without the raw-log suffix)."""
-    files = _module_files(loose)
+    files = module_files(loose)
     if rc == 150 or _find(messages, MSG_PARSE_FAILED):
-        return _sany_error(loose, spec) or f"{spec}: parsing or semantic analysis failed"
+        return sany_error(loose, spec) or f"{spec}: parsing or semantic analysis failed"
     if rc == 10 or _find(messages, MSG_ASSUME_FALSE):
         msg = _find(messages, MSG_ASSUME_FALSE)
-        where = _location(msg.body, files) if msg else None
+        where = location(msg.body, files) if msg else None
         return f"{where or spec}: ASSUME is false"
     if rc == 151:
         msg = _find(messages, MSG_CFG_UNDEFINED)
@@ -294,12 +266,12 @@ def _error_message(rc: int, messages: Sequence[Message], loose: str, spec: Path,
             if m:
                 return f"unknown name in cfg {cfg}: {m.group(1)}"
         errs = [m for m in messages if m.level == 1]
-        return f"unknown name in cfg {cfg}: {_one_line(errs[0].body) if errs else ''}".strip()
+        return f"unknown name in cfg {cfg}: {one_line(errs[0].body) if errs else ''}".strip()
     if rc == 255:
         inner = [m for m in messages if m.code == 5001] or [
             m for m in messages if m.level == 1 and m.code != MSG_UNEXPECTED_EXCEPTION
         ]
-        detail = _one_line(inner[0].body) if inner else f"cannot read {cfg}"
+        detail = one_line(inner[0].body) if inner else f"cannot read {cfg}"
         return f"bad or missing cfg {cfg}: {detail}"
     if rc == 1:
         errs = [m for m in messages if m.level == 1]
@@ -307,9 +279,9 @@ def _error_message(rc: int, messages: Sequence[Message], loose: str, spec: Path,
         return f"TLC rejected its arguments: {detail}"
     assert_msg = _find(messages, MSG_ASSERT_FAILED)
     nested = _find(messages, MSG_NESTED_EXPRESSIONS)
-    where = _location(nested.body, files) if nested else None
+    where = location(nested.body, files) if nested else None
     if assert_msg:
-        what = _one_line(assert_msg.body.partition(":")[2]) or _one_line(assert_msg.body)
+        what = one_line(assert_msg.body.partition(":")[2]) or one_line(assert_msg.body)
         return f"{where or spec}: Assert failed: {what}"
     exc = _find(messages, MSG_UNEXPECTED_EXCEPTION)
     # The most specific text first: a message nested in the exception, another error, the
@@ -318,7 +290,7 @@ def _error_message(rc: int, messages: Sequence[Message], loose: str, spec: Path,
     wrappers = (MSG_UNEXPECTED_EXCEPTION, MSG_NESTED_EXPRESSIONS)
     errs = [m for m in messages if m.code not in wrappers and m.level == 1]
     best = next(iter(inner + errs + ([exc] if exc else [])), None)
-    detail = _one_line(best.body) if best else "no success message"
+    detail = one_line(best.body) if best else "no success message"
     prefix = f"{where}: " if where else ""
     return f"{prefix}TLC exited with code {rc}: {detail}"
 
@@ -341,11 +313,17 @@ def interpret(
     *,
     timed_out: bool = False,
     simulate: bool = False,
+    stopped: bool = False,
 ) -> TLCResult:
-    """Build a TLCResult from TLC's complete ``-tool`` output and its exit status."""
+    """Build a TLCResult from TLC's ``-tool`` output and its exit status: complete, or up
+    to where a ``stop`` predicate ended the run (``stopped``: its SIGKILL is no error)."""
     messages, loose = parse_messages(text)
-    distinct, generated = _counts(messages)
+    # A stopped run printed no final counts; its first ones (initial states) would mislead.
+    distinct, generated = (None, None) if stopped else _counts(messages)
     suffix = f"; raw log: {log_path}"
+    complete = _find(messages, MSG_SUCCESS) is not None or any(
+        m.code == MSG_CHECKING_TEMPORAL and " complete state space" in m.body for m in messages
+    )
 
     def result(
         verdict: Verdict, prop: str | None = None, trace: Trace | None = None,
@@ -353,11 +331,11 @@ def interpret(
     ) -> TLCResult:  # fmt: skip
         version = _version(messages)
         return TLCResult(verdict, prop, trace, distinct, generated, seconds, version, log_path,
-                         rc, error)  # fmt: skip
+                         rc, error, complete=complete)  # fmt: skip
 
     if timed_out:
         return result("timeout", error=f"TLC timed out after {seconds:.1f}s{suffix}")
-    if rc is not None and rc < 0:
+    if rc is not None and rc < 0 and not stopped:
         return result("error", error=f"TLC was killed by signal {-rc}{suffix}")
     if "java.lang.OutOfMemoryError" in text:
         return result(
@@ -370,10 +348,17 @@ def interpret(
         except TLCValueError as exc:
             return result(verdict, prop, None, f"cannot parse TLC's counterexample: {exc}{suffix}")
 
-    inv = _find(messages, MSG_INVARIANT_VIOLATED) or _find(messages, MSG_INVARIANT_VIOLATED_INITIAL)
+    inv = _find(messages, MSG_INVARIANT_VIOLATED_INITIAL) or _find(messages, MSG_INVARIANT_VIOLATED)
     if inv is not None:
-        m = re.search(r"Invariant (\S+) is violated", inv.body)
-        return with_trace("violated", m.group(1) if m else None)
+        try:
+            found = _violations(messages, stopped)
+        except TLCValueError:
+            m = re.search(r"Invariant (\S+) is violated", inv.body)
+            return with_trace("violated", m.group(1) if m else None)  # says what failed
+        prop, trace = next(iter(found.items()), (None, None))
+        res = result("violated", prop, trace)
+        res.violations = found
+        return res
     if _find(messages, MSG_TEMPORAL_VIOLATED) is not None:
         return with_trace("violated", _temporal_name(cfg))
     if _find(messages, MSG_DEADLOCK) is not None:
@@ -391,37 +376,9 @@ def interpret(
 # ---------------------------------------------------------------- running
 
 
-def tlc_args(
-    spec: Path, config: Path, metadir: Path, *, workers: int = 1, fp: int = 0, seed: int = 0,
-    deadlock: bool = True, extra_args: Sequence[str] = (),
-    simulate: tuple[int, int] | None = None, dump_dot: Path | None = None,
-) -> list[str]:  # fmt: skip
-    """TLC's arguments (after ``tlc2.TLC``) for one reproducible ``-tool`` run."""
-    args = ["-tool", "-metadir", str(metadir), "-fp", str(fp), "-seed", str(seed),
-            "-workers", str(workers), "-config", str(config)]  # fmt: skip
-    if not deadlock:
-        args.append("-deadlock")
-    if simulate is not None:
-        args += ["-simulate", f"num={simulate[0]}", "-depth", str(simulate[1])]
-    if dump_dot is not None:
-        args += ["-dump", "dot,actionlabels,colorize", str(dump_dot)]
-    return [*args, *extra_args, str(spec)]
-
-
 # TLC 2.15 resolves -config against the spec's directory when the spec path has one
 # (an absolute spec + absolute cfg is "File not found"), so TLC runs in the spec's
 # directory with the spec given by file name and everything else absolute.
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
-        pass
 
 
 def run_tlc(
@@ -437,12 +394,16 @@ def run_tlc(
     log_dir: Path | None = None,
     simulate: tuple[int, int] | None = None,
     dump_dot: Path | None = None,
+    stop: Callable[[str], bool] | None = None,
+    poll_s: float = 0.1,
 ) -> TLCResult:
     """Model-check ``spec`` with TLC and return the parsed result.
 
     ``config`` defaults to SPEC.cfg; ``deadlock=False`` passes ``-deadlock`` (do not check
     for deadlock); ``simulate=(num, depth)`` runs random simulation. Never hangs: on
-    timeout the whole process group is killed and the verdict is "timeout".
+    timeout the whole process group is killed and the verdict is "timeout". ``stop`` is
+    asked every ``poll_s`` seconds with the log so far (when it grew); once it says yes,
+    TLC is killed and the result is read from that log (``kvspec.tlc_continue``).
     """
     spec = Path(spec).resolve()
     cfg = (Path(config) if config is not None else spec.with_suffix(".cfg")).resolve()
@@ -466,7 +427,6 @@ def run_tlc(
         return TLCResult("error", None, None, None, None, 0.0, None, log_path, None, error)
     cmd.insert(1, f"-Djava.io.tmpdir={java_tmp}")
     start = time.monotonic()
-    timed_out = False
     with log_path.open("wb") as log:
         # Output goes straight to the file (no pipe to fill up); own session so the
         # whole group can be killed, including anything java forks.
@@ -474,13 +434,9 @@ def run_tlc(
             cmd, stdout=log, stderr=subprocess.STDOUT, cwd=spec.parent, start_new_session=True
         )
         try:
-            rc: int | None = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-            rc = proc.returncode
+            rc, timed_out, stopped = wait_tlc(proc, timeout_s, log_path, stop, poll_s)
         except BaseException:
-            _kill_group(proc)
+            kill_group(proc)
             raise
     seconds = time.monotonic() - start
     if not os.environ.get("KVSPEC_KEEP_METADIR"):
@@ -488,5 +444,6 @@ def run_tlc(
         shutil.rmtree(java_tmp, ignore_errors=True)
     text = log_path.read_text(errors="replace")
     return interpret(
-        text, rc, spec, cfg, log_path, seconds, timed_out=timed_out, simulate=simulate is not None
-    )
+        text, rc, spec, cfg, log_path, seconds, timed_out=timed_out,
+        simulate=simulate is not None, stopped=stopped,
+    )  # fmt: skip

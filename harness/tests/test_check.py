@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from kvspec.check import check_row, estimated_cost, run_check
 from kvspec.matrix import TEMPORAL, ModelRow, Topology, load_matrix
-from kvspec.tlc import TLCResult, Verdict
+from kvspec.tlc import TLCResult, Trace, Verdict
 
 
 def test_rows_start_longest_first() -> None:
@@ -18,13 +18,20 @@ def test_rows_start_longest_first() -> None:
     order = [r.name for r in sorted(rows, key=estimated_cost, reverse=True)]
     # The measured long pole (TP2 x PCP2 + delaying child, ~100 s of TLC) must start first,
     # the cheapest PCP=1 TP=1 synchronous NIXL rows last.
-    assert order[0] == "pcp2-tp2-fixed-offload-delaying-sync"
+    assert order[0] == "pcp2-tp2-fixed-hf3fs-sync"
     cheapest = {r.name for r in rows if estimated_cost(r) == min(map(estimated_cost, rows))}
     assert cheapest == {
         r.name
         for r in rows
-        if r.name.startswith("pcp1-tp1-") and "offload" not in r.name and not r.async_scheduling
+        if r.name.startswith("pcp1-tp1-") and r.composition == "nixl" and not r.async_scheduling
     }
+
+
+def test_child_compositions_cost_more_than_nixl() -> None:
+    row = next(r for r in load_matrix() if r.name == "pcp1-tp1-fixed-nixl-sync")
+    base = estimated_cost(row)
+    for c in ("multi-nixl-offload-upstream", "multi-nixl-hf3fs"):
+        assert estimated_cost(replace(row, composition=c)) > base
 
 
 needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="java not installed")
@@ -56,12 +63,16 @@ TRUTH = {
 
 @needs_java
 def test_joint_run_decides_what_holds_in_one_tlc_run(tmp_path: Path) -> None:
-    results = check_row(_row(TRUTH), tmp_path)
-    assert {r.prop: r.verdict for r in results} == TRUTH
-    logs = {r.prop: r.log_path for r in results}
+    results = {r.prop: r for r in check_row(_row(TRUTH), tmp_path)}
+    assert {p: r.verdict for p, r in results.items()} == TRUTH
+    logs = {p: r.log_path for p, r in results.items()}
     # TypeOK and both temporal properties come from the same (joint) TLC run.
     assert logs["TypeOK"] == logs["NoStall"] == logs["DelayedEventuallyFreed"]
-    assert len(list((tmp_path / "joint" / "tlc").iterdir())) == 3  # joint + 2 safety runs
+    # Both violations from -continue runs, each with its counterexample. Every state
+    # violates HandshakeIdentityUnique, which TLC names first, so ReachSending goes unnamed
+    # in the first violations run and gets one of its own: 3 runs.
+    assert all(results[p].counterexample for p in ("HandshakeIdentityUnique", "ReachSending"))
+    assert len(list((tmp_path / "joint" / "tlc").iterdir())) == 3
 
 
 @needs_java
@@ -76,44 +87,138 @@ def test_wrong_expectation_falls_back_and_reports_the_true_verdict(tmp_path: Pat
     assert [p for p, r in results.items() if not r.ok] == ["HandshakeIdentityUnique"]
 
 
-class Oracle:
-    """A fake TLC runner that knows the answers: each invariant is violated iff the row
-    expects it to be; temporal properties hold, or time out with `slow_temporal`. It
-    records every run, so tests decide TLC's verdicts by construction, not by the clock."""
+Run = tuple[list[str], list[str], bool]  # invariants, temporal properties, every_violation
 
-    def __init__(self, tmp: Path, slow_temporal: bool = False) -> None:
+
+class Oracle:
+    """A fake TLC runner that knows the answers (`truth`, default the row's expectations)
+    and plays TLC's rules: without -continue a run stops at the first violation; under it
+    each violated invariant is named unless it is in `masked` and listed after its masker;
+    a temporal violation is found in the complete graph unless `partial`; `slow` run kinds
+    ("temporal", "violations") time out. It records every run, so tests decide TLC's
+    verdicts by construction, not by the clock."""
+
+    def __init__(
+        self, tmp: Path, truth: dict[str, str] | None = None, slow: tuple[str, ...] = (),
+        masked: dict[str, str] | None = None, partial: bool = False,
+    ) -> None:  # fmt: skip
         self.log = tmp / "tlc.log"
-        self.slow_temporal = slow_temporal
-        self.runs: list[tuple[list[str], list[str]]] = []
+        self.truth, self.slow, self.partial = truth, slow, partial
+        self.masked = masked or {}
+        self.runs: list[Run] = []
 
     def __call__(
-        self, row: ModelRow, invariants: list[str], properties: list[str], work: Path
-    ) -> TLCResult:
-        self.runs.append((list(invariants), list(properties)))
-        if properties and self.slow_temporal:
+        self, row: ModelRow, invariants: list[str], properties: list[str], work: Path,
+        *, every_violation: bool = False,
+    ) -> TLCResult:  # fmt: skip
+        self.runs.append((list(invariants), list(properties), every_violation))
+        truth = self.truth or row.expect
+        if ("temporal" in self.slow and properties) or (
+            "violations" in self.slow and every_violation
+        ):
             return self._result("timeout", error=f"TLC timed out after 600.0s; raw log: {self.log}")
-        bad = [p for p in invariants if row.expect[p] == "violated"]
-        return self._result("violated", bad[0]) if bad else self._result("holds")
+        bad = [p for p in invariants if truth[p] == "violated"]
+        if every_violation:
+            named = [p for p in bad if self.masked.get(p) not in invariants[: invariants.index(p)]]
+            return (
+                self._result("violated", named[0], {p: None for p in named})
+                if bad
+                else self._result("holds")
+            )
+        if bad:
+            return self._result("violated", bad[0], {bad[0]: None})
+        refuted = [p for p in properties if truth[p] == "violated"]
+        if refuted:
+            res = self._result("violated", refuted[0] if len(properties) == 1 else None)
+            res.complete = not self.partial
+            return res
+        return self._result("holds")
 
     def _result(
-        self, verdict: Verdict, prop: str | None = None, error: str | None = None
-    ) -> TLCResult:
-        return TLCResult(verdict, prop, None, 7, 9, 1.0, None, self.log, 0, error)
+        self, verdict: Verdict, prop: str | None = None,
+        violations: dict[str, Trace | None] | None = None, error: str | None = None,
+    ) -> TLCResult:  # fmt: skip
+        return TLCResult(verdict, prop, None, 7, 9, 1.0, None, self.log, 0, error,
+                         violations=violations or {}, complete=verdict == "holds")  # fmt: skip
+
+
+def verdicts(row: ModelRow, tmp_path: Path, oracle: Oracle) -> dict[str, str]:
+    return {r.prop: r.verdict for r in check_row(row, tmp_path, oracle)}
+
+
+def test_expected_violations_take_one_run(tmp_path: Path) -> None:
+    oracle = Oracle(tmp_path)
+    assert verdicts(_row(TRUTH), tmp_path, oracle) == TRUTH
+    assert oracle.runs == [
+        (["TypeOK"], ["DelayedEventuallyFreed", "NoStall"], False),  # joint
+        (["HandshakeIdentityUnique", "ReachSending"], [], True),  # -continue: both named
+    ]
+
+
+def test_an_invariant_tlc_did_not_name_gets_a_run_of_its_own(tmp_path: Path) -> None:
+    oracle = Oracle(tmp_path, masked={"ReachSending": "HandshakeIdentityUnique"})
+    assert verdicts(_row(TRUTH), tmp_path, oracle) == TRUTH
+    assert oracle.runs[1:] == [
+        (["HandshakeIdentityUnique", "ReachSending"], [], True),  # names the first only
+        (["ReachSending"], [], True),
+    ]
+
+
+def test_expected_violation_that_holds_is_decided_by_tlc(tmp_path: Path) -> None:
+    oracle = Oracle(tmp_path, truth={**TRUTH, "ReachSending": "holds"})
+    results = {r.prop: r for r in check_row(_row(TRUTH), tmp_path, oracle)}
+    assert results["ReachSending"].verdict == "holds" and not results["ReachSending"].ok
+    assert oracle.runs[2:] == [(["ReachSending"], [], True)]  # after HIU was named alone
+
+
+STALL = {**TRUTH, "HandshakeIdentityUnique": "holds", "ReachSending": "holds",
+         "DelayedEventuallyFreed": "violated", "NoStall": "violated"}  # fmt: skip
+
+
+def test_a_temporal_violation_in_the_complete_graph_carries_the_invariants(
+    tmp_path: Path,
+) -> None:
+    oracle = Oracle(tmp_path)
+    assert verdicts(_row(STALL), tmp_path, oracle) == STALL
+    invariants = ["TypeOK", "HandshakeIdentityUnique", "ReachSending"]
+    assert oracle.runs == [
+        (invariants, ["DelayedEventuallyFreed"], False),  # all three hold, DEF violated
+        ([], ["NoStall"], False),  # TLC does not name the refuted property: one each
+    ]
+
+
+def test_a_temporal_violation_in_a_partial_graph_decides_nothing(tmp_path: Path) -> None:
+    # Found before the BFS was over (no -lncheck final, say): the invariants were not
+    # checked everywhere, so everything is decided again the per-property way.
+    oracle = Oracle(tmp_path, partial=True)
+    assert verdicts(_row(STALL), tmp_path, oracle) == STALL
+    assert oracle.runs[1:] == [
+        (["TypeOK", "HandshakeIdentityUnique", "ReachSending"], [], False),
+        ([], ["DelayedEventuallyFreed"], False),
+        ([], ["NoStall"], False),
+    ]
 
 
 def test_joint_timeout_is_not_waited_for_twice(tmp_path: Path) -> None:
-    # Checking the temporal properties alone costs at least what the timed-out joint run
-    # did: they keep its timeout and only the invariants are decided again (one safety run
-    # per violated invariant, as always).
-    oracle = Oracle(tmp_path, slow_temporal=True)
-    results = {r.prop: r.verdict for r in check_row(_row(TRUTH), tmp_path, oracle)}
+    # Checking the temporal properties alone costs at least what the joint run did: they
+    # keep its timeout and only the invariants are decided again.
+    oracle = Oracle(tmp_path, slow=("temporal",))
+    results = verdicts(_row(TRUTH), tmp_path, oracle)
     assert results == {p: "timeout" if p in TEMPORAL else v for p, v in TRUTH.items()}
     assert oracle.runs == [
-        (["TypeOK"], ["DelayedEventuallyFreed", "NoStall"]),  # joint: times out
-        (["TypeOK", "HandshakeIdentityUnique", "ReachSending"], []),
-        (["TypeOK", "ReachSending"], []),
-        (["TypeOK"], []),
+        (["TypeOK"], ["DelayedEventuallyFreed", "NoStall"], False),  # joint: times out
+        (["TypeOK"], [], False),
+        (["HandshakeIdentityUnique", "ReachSending"], [], True),
     ]
+
+
+def test_a_timed_out_violations_run_is_no_verdict(tmp_path: Path) -> None:
+    oracle = Oracle(tmp_path, slow=("violations",))
+    results = verdicts(_row(TRUTH), tmp_path, oracle)
+    assert results == {
+        p: "timeout" if p in ("HandshakeIdentityUnique", "ReachSending") else v
+        for p, v in TRUTH.items()
+    }
 
 
 def test_results_json_carries_the_row_and_what_report_reads(tmp_path: Path) -> None:

@@ -6,9 +6,10 @@ document's `#meta`):
 * cex_live_v030_pcp2: Variant v0.30-shipped, nixl, TP=1 PP=1 PCP=2, NReq=2, Capacity=1,
   PROPERTIES DelayedEventuallyFreed, --no-deadlock: a 12-state lasso back to state 9 in
   which request 1 waits forever for PCP rank 1's finished_sending.
-* cex_safety_fixed_delaying: Variant fixed, multi-nixl-offload-delaying, PCP=1, NReq=1,
-  AsyncScheduling, INVARIANTS NoFreeWhileInFlight: 9 states, request 1 freed while its
-  offload store is still in flight.
+* cex_safety_fixed_hf3fs: Variant fixed, multi-nixl-hf3fs, PCP=1, NReq=1,
+  AsyncScheduling, INVARIANTS NoFreeWhileInFlight: 9 states; step 2 was scheduled before
+  request 1 finished, so it carries no extra_async_saves, and NIXL's report of the READ
+  in it frees request 1 while its HF3FS save is still in flight.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 import pytest
 from kvspec.counterexample import analyze, diff_values, rank_name
 from kvspec.diagram import render_steps, render_svg
-from kvspec.matrix import Topology
+from kvspec.matrix import ModelRow, Topology
 from kvspec.tlcvalue import Fn, Record
 
 FIX = Path(__file__).parent / "fixtures" / "cex"
@@ -46,7 +47,7 @@ def live() -> dict[str, Any]:
 
 @pytest.fixture
 def safe() -> dict[str, Any]:
-    return load("cex_safety_fixed_delaying")
+    return load("cex_safety_fixed_hf3fs")
 
 
 def groups(root: ET.Element, cls: str) -> list[ET.Element]:
@@ -119,11 +120,11 @@ def test_safety_counterexample_violation_box(safe: dict[str, Any]) -> None:
     assert not groups(root, "loop-marker") and not groups(root, "stuck-marker")
     (box,) = groups(root, "violation-marker")
     assert texts(box) == [
-        "violated: NoFreeWhileInFlight: req 1 freed while offload store in flight on "
+        "violated: NoFreeWhileInFlight: req 1 freed while its HF3FS save is in flight on "
         "rank 0 (tp0 pp0 pcp0)"
     ]
-    step4 = next(g for g in groups(root, "step") if g.get("data-step") == "4")
-    assert "store 1 on ranks {0}" in texts(step4)
+    step3 = next(g for g in groups(root, "step") if g.get("data-step") == "3")
+    assert "save 1 on ranks {0}" in texts(step3)
     step8 = next(g for g in groups(root, "step") if g.get("data-step") == "8")
     assert "free 1" in texts(step8)
 
@@ -163,7 +164,7 @@ def test_topology_and_property_from_meta(live: dict[str, Any], safe: dict[str, A
     assert analyze(safe).final[0].startswith("violated: NoFreeWhileInFlight: req 1 freed")
     doc = copy.deepcopy(safe)
     del doc["#meta"]["property"], doc["#meta"]["topology"]
-    assert analyze(doc).final[0].startswith("violated: req 1 freed while offload store")
+    assert analyze(doc).final[0].startswith("violated: req 1 freed while its HF3FS save")
     assert analyze(doc).final[0].endswith("on rank 0")
 
 
@@ -197,7 +198,7 @@ def test_heartbeat_lease_expire_store_complete_abort(safe: dict[str, Any]) -> No
         1,
         0,
         "rank:0",
-        "offload: store 1 done",
+        "HF3FS: save 1 done",
     )
     root = ET.fromstring(render_svg(doc, topology=PCP1))
     assert len([p for p in root.iter(f"{SVG}polygon") if p.get("class") == "mark"]) == 1
@@ -270,11 +271,17 @@ def test_fresh_tlc_lasso_has_loop_and_stuck(tmp_path: Path) -> None:
     spec = Path(__file__).resolve().parents[2] / "spec" / "KVCompletion.tla"
     (tmp_path / "KVCompletion.tla").write_text(spec.read_text())
     cfg = tmp_path / "live.cfg"
-    cfg.write_text(
-        'CONSTANTS\n  Variant = "v0.30-shipped"\n  Composition = "nixl"\n  TP = 1\n  PP = 1\n'
-        "  PCP = 2\n  NReq = 1\n  Capacity = 1\n  AsyncScheduling = FALSE\n  Runner = \"v2\"\n"
-        "SPECIFICATION Spec\nPROPERTIES DelayedEventuallyFreed\n"
+    # The row's own cfg writer, so a new spec constant cannot leave this test behind.
+    row = ModelRow(
+        name="live",
+        variant="v0.30-shipped",
+        composition="nixl",
+        topology=Topology(1, 1, 2),
+        requests=1,
+        capacity=1,
+        async_scheduling=False,
     )
+    cfg.write_text(row.cfg_text([], ["DelayedEventuallyFreed"]))
     itf = tmp_path / "cex.itf.json"
     proc = subprocess.run(
         [

@@ -62,8 +62,8 @@ def _row(
 
 
 def check_doc() -> dict[str, Any]:
-    live, safe = _cex("cex_live_v030_pcp2"), _cex("cex_safety_fixed_delaying")
-    delaying = "multi-nixl-offload-delaying"
+    live, safe = _cex("cex_live_v030_pcp2"), _cex("cex_safety_fixed_hf3fs")
+    delaying = "multi-nixl-hf3fs"
     return {
         "tlc": "TLC2 Version 2.15",
         "results": [
@@ -215,7 +215,7 @@ def test_html_sections(full: Path) -> None:
 def test_markdown(full: Path) -> None:
     md = (full / "REPORT.md").read_text()
     assert md.count("\n| v030-pcp2 | v0.30-shipped | nixl | tp1 pp1 pcp2 | ") == 2
-    assert "| fixed-delay | fixed | multi-nixl-offload-delaying | tp1 pp1 pcp1 | " in md
+    assert "| fixed-delay | fixed | multi-nixl-hf3fs | tp1 pp1 pcp1 | " in md
     assert "**violated (unexpected)**" in md and "**timeout (unexpected)**" in md
     assert "### v030-pcp2: DelayedEventuallyFreed" in md
     steps = re.findall(r"^\*?\s+\d+ consumer_start_load_kv\s+r=1\s+w=0 ", md, re.M)
@@ -361,9 +361,9 @@ def test_design_matrix_names_violations_per_cell() -> None:
         res("a", "nixl", "TypeOK", "holds", "holds"),
         res("a", "nixl", "NoStall", "violated", "violated"),
         res("a", "nixl", "ReachSending", "violated", "violated"),  # vacuity guard: not shown
-        res("b", "multi-nixl-offload-delaying", "TypeOK", "violated", "holds"),
+        res("b", "multi-nixl-hf3fs", "TypeOK", "violated", "holds"),
     ])
-    assert m["compositions"] == ["nixl", "multi-nixl-offload-delaying"]
+    assert m["compositions"] == ["nixl", "multi-nixl-hf3fs"]
     (row,) = m["rows"]
     nixl, delaying = row["cells"]
     assert nixl["text"] == "NoStall" and nixl["bad"] and not nixl["mismatch"]

@@ -8,7 +8,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from kvspec.tlc import TLCResult, cfg_properties, interpret, parse_messages, run_tlc
+from kvspec.tlc import TLCResult, Trace, cfg_properties, interpret, parse_messages, run_tlc
+from kvspec.tlc_continue import complete_reports, reported
 from kvspec.tlcvalue import Fn, ModelValue, Record
 
 SPECS = Path(__file__).parent / "specs"
@@ -206,3 +207,113 @@ def test_nested_messages() -> None:
 def test_temporal_name_needs_single_property() -> None:
     assert cfg_properties("SPECIFICATION Spec\nPROPERTY P \\* c\n") == ["P"]
     assert cfg_properties("PROPERTIES P Q\nINVARIANT I") == ["P", "Q"]
+
+
+# ---------------------------------------------------------------- -continue and stop
+
+GRID = """---- MODULE Grid ----
+EXTENDS Naturals
+VARIABLES x, y
+Init == x = 0 /\\ y = 0
+Next == /\\ x + y < {bound}
+        /\\ \\/ x' = x + 1 /\\ y' = y
+           \\/ y' = y + 1 /\\ x' = x
+SmallX == x < 2
+SmallY == y < 3
+Fresh == x + y < 1
+Moved == x + y > 0
+Right == x > 0
+====
+"""
+
+
+def grid(tmp_path: Path, invariants: str, bound: str = "4", **kw: object) -> TLCResult:
+    """Grid.tla (x, y count up; `bound` caps x + y, "9999999" leaves it unbounded for
+    TLC) with these invariants, under -continue."""
+    (tmp_path / "Grid.tla").write_text(GRID.format(bound=bound))
+    (tmp_path / "Grid.cfg").write_text(f"INIT Init\nNEXT Next\nINVARIANTS {invariants}\n")
+    kw.setdefault("extra_args", ["-continue"])
+    return run_tlc(tmp_path / "Grid.tla", log_dir=tmp_path / "runs", deadlock=False, **kw)  # type: ignore[arg-type]
+
+
+def xy(trace: Trace | None) -> list[tuple[object, object]]:
+    assert trace is not None
+    return [(s.values["x"], s.values["y"]) for s in trace.states]
+
+
+def test_continue_reports_each_invariant_once_with_its_first_trace(tmp_path: Path) -> None:
+    r = grid(tmp_path, "SmallX SmallY")
+    # Exit code 0 and the success message despite the violations: the verdict comes from
+    # the violation reports; the whole state space was explored.
+    assert (r.verdict, r.exit_code, r.error, r.complete) == ("violated", 0, None, True)
+    assert list(r.violations) == ["SmallX", "SmallY"] and r.violated_property == "SmallX"
+    assert xy(r.violations["SmallX"]) == [(0, 0), (1, 0), (2, 0)]  # BFS: a shortest one
+    assert xy(r.violations["SmallY"]) == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    assert r.counterexample == r.violations["SmallX"]
+    # One report (with a whole trace) per violating state: x >= 2 or y >= 3, x + y <= 4.
+    reports = [m for m in parse_messages(r.log_path.read_text())[0] if m.code == 2110]
+    assert len(reports) == 9
+
+
+def test_continue_names_a_state_after_its_first_violated_invariant(tmp_path: Path) -> None:
+    # Every state but the initial one violates Fresh, so SmallX (listed after it) is
+    # never named although it is violated: a missing name is no verdict.
+    r = grid(tmp_path, "Fresh SmallX")
+    assert (r.verdict, list(r.violations), r.complete) == ("violated", ["Fresh"], True)
+
+
+def test_continue_initial_state_reports_every_violated_invariant(tmp_path: Path) -> None:
+    r = grid(tmp_path, "Moved Right SmallX", stop=reported(["Moved", "Right"]))
+    assert list(r.violations)[:2] == ["Moved", "Right"]
+    assert xy(r.violations["Moved"]) == xy(r.violations["Right"]) == [(0, 0)]
+
+
+def test_stop_ends_an_endless_run_once_each_invariant_is_reported(tmp_path: Path) -> None:
+    # Unbounded: TLC would run until the timeout; only the stop predicate can end it, so
+    # the outcome does not depend on how fast the machine is.
+    r = grid(tmp_path, "SmallX SmallY", bound="9999999", timeout_s=120,
+             stop=reported(["SmallX", "SmallY"]))  # fmt: skip
+    assert (r.verdict, r.error, r.complete) == ("violated", None, False)
+    assert xy(r.violations["SmallX"]) == [(0, 0), (1, 0), (2, 0)]
+    assert xy(r.violations["SmallY"]) == [(0, 0), (0, 1), (0, 2), (0, 3)]
+
+
+def test_complete_means_every_state_was_checked(tmp_path: Path) -> None:
+    # A temporal violation found in the complete graph (-lncheck final: only there) comes
+    # after a BFS that checked every invariant; an invariant violation stops the BFS.
+    lasso = tlc("Lasso", tmp_path, extra_args=["-lncheck", "final"])
+    assert (lasso.verdict, lasso.complete, lasso.violations) == ("violated", True, {})
+    counter = tlc("Counter", tmp_path)
+    assert (counter.verdict, counter.complete, list(counter.violations)) == (
+        "violated", False, ["Small"],
+    )  # fmt: skip
+    assert tlc("Deadlock", tmp_path, deadlock=False).complete
+
+
+def test_stopped_run_keeps_only_complete_reports(tmp_path: Path) -> None:
+    state = "/\\ x = {}\n"
+    text = (
+        _msg(2110, "Invariant A is violated.", 1)
+        + _msg(2217, "1: <Initial predicate>\n" + state.format(0))
+        + _msg(2217, "2: <Next line 1, col 1 to line 1, col 2 of module M>\n" + state.format(1))
+        + _msg(2110, "Invariant B is violated.", 1)
+        + _msg(2217, "1: <Initial predicate>\n" + state.format(0))
+    )  # B's trace may go on: TLC was killed while printing it
+    r = interpret(text, -9, SPECS / "X.tla", SPECS / "X.cfg", tmp_path / "log", 1.0, stopped=True)
+    assert (r.verdict, r.error, list(r.violations)) == ("violated", None, ["A"])
+    assert [s.values for s in r.violations["A"].states] == [{"x": 0}, {"x": 1}]  # type: ignore[union-attr]
+    assert complete_reports(text) == ["A"]
+    assert complete_reports(text + _msg(2199, "counts")) == ["A", "B"]
+
+
+def test_reported_waits_for_every_name_or_runs_out_of_patience() -> None:
+    def reports(*names: str) -> str:
+        return "".join(_msg(2110, f"Invariant {n} is violated.", 1) for n in names) + _msg(
+            2186, "Finished"
+        )
+
+    assert not reported(["A", "B"])(reports("A"))
+    assert reported(["A", "B"])(reports("A", "B"))
+    assert reported(["A", "B"], patience=2)(reports("A", "A", "A"))  # B: masked or rare
+    assert not reported(["A", "B"], patience=2)(reports("A", "A"))
+    assert not reported(["A"])("")

@@ -38,6 +38,7 @@ pytestmark = pytest.mark.vllm
 try:
     from kvspec.drivers import vllm_cluster, vllm_env
     from kvspec.drivers.vllm_driver import VllmDriver
+    from kvspec.drivers.vllm_view import Step
 
     vllm_env.vllm_api()
     _SKIP = ""
@@ -56,6 +57,7 @@ def row(
     variant: str = "v0.30-shipped",
     async_scheduling: bool = False,
     tp: int = 1,
+    transfer: str = "pull",
 ) -> ModelRow:
     return ModelRow(
         name="t",
@@ -65,6 +67,7 @@ def row(
         requests=n,
         capacity=cap,
         async_scheduling=async_scheduling,
+        transfer=transfer,
     )
 
 
@@ -174,8 +177,8 @@ def test_lease_expiry_reaps_and_heartbeat_extends() -> None:
 class DropsRank1(VllmDriver):
     """A broken driver: loses rank 1's output (as if the executor gathered W-1 ranks)."""
 
-    def _run_rank(self, w: int, so: object) -> object:
-        out = super()._run_rank(w, so)
+    def _run_rank(self, w: int, st: Step) -> object:
+        out = super()._run_rank(w, st)
         if w == 1:
             out.kv_connector_output.finished_sending = None
         return out
@@ -204,25 +207,35 @@ def _lockstep(rw: ModelRow, impl: VllmDriver, seed: int, depth: int = 30) -> str
     "rw,patch",
     [
         (row("nixl", pcp=2, n=2, cap=1), None),
-        (row("multi-nixl-offload-delaying", pcp=2, n=2, cap=2, variant="fixed"), "fix-53903"),
+        (row("multi-nixl-hf3fs", pcp=2, n=2, cap=2, variant="fixed"), "fix-53903"),
         (row("nixl", pcp=2, n=2, cap=2, variant="fixed", async_scheduling=True), "fix-53903"),
         (row("nixl", tp=2, n=2, cap=1), None),
         (row("nixl", tp=2, pcp=2, n=1, cap=1), None),
-        (row("multi-nixl-offload-delaying", tp=2, pcp=2, n=1, cap=1, variant="fixed"), "fix-53903"),
+        (row("multi-nixl-hf3fs", tp=2, pcp=2, n=1, cap=1, variant="fixed"), "fix-53903"),
+        (row("multi-nixl-hf3fs", n=2, cap=1, variant="fixed", async_scheduling=True), "fix-53903"),
         (row("multi-nixl-offload-upstream", n=2, cap=1), None),
         (row("multi-nixl-offload-upstream", pcp=2, n=2, cap=1), None),
         (row("multi-nixl-offload-upstream", pcp=2, n=2, cap=1, variant="fixed"), "fix-53903"),
+        (row("multi-nixl-offload-upstream", n=2, cap=1, async_scheduling=True), None),
+        (row("nixl", n=2, cap=1, async_scheduling=True, transfer="push"), None),
+        (row("nixl", pcp=2, n=2, cap=1, async_scheduling=True, transfer="push"), None),
+        (row("nixl", pcp=2, n=1, cap=1, variant="fixed", transfer="push"), "fix-53903"),
     ],
     ids=[
         "nixl-pcp2",
-        "delaying-pcp2-fixed",
+        "hf3fs-pcp2-fixed",
         "nixl-pcp2-async-fixed",
         "nixl-tp2",
         "nixl-tp2-pcp2",
-        "delaying-tp2-pcp2-fixed",
+        "hf3fs-tp2-pcp2-fixed",
+        "hf3fs-pcp1-async-fixed",
         "upstream-pcp1",
         "upstream-pcp2",
         "upstream-pcp2-fixed",
+        "upstream-pcp1-async",
+        "push-pcp1-async",
+        "push-pcp2-async",
+        "push-pcp2-fixed",
     ],
 )
 def test_conforms_to_reference_on_random_walks(rw: ModelRow, patch: str | None) -> None:
@@ -265,23 +278,63 @@ def test_upstream_offload_never_delays_and_aggregator_expects_world_size() -> No
         assert off.get_finished_count() is None
         assert d.sched.connector.get_finished_count() is None
         assert d.agg._expected_finished_count == 2  # world_size
-        run(d, *PREFILL, *PREFILL)
-        from kvspec.drivers.offload_upstream import held_worker
-
-        # Real store jobs reached every rank's offloading worker and are held there.
-        for w in range(2):
-            assert held_worker(d.c.workers[w]._connectors[1]).pending
-        run(d, "consumer_start_load_kv(1, 0)", "consumer_get_finished(1, 0)", *PREFILL)
-        run(d, *PREFILL, *PREFILL)
+        run(d, *PREFILL)
         obs = d.observe()
-        assert obs["req"] == ("freed", "sending")
-        assert d.offload_delays == {1: False, 2: False}  # request_finished never delays
+        # One store job for request 1, pending_count = world_size; every rank deferred it.
+        assert obs["jobs"] == (2, 0)
+        assert fn(obs["unsub"]) == {0: frozenset({1}), 1: frozenset({1})}
+        assert obs["fence"] == frozenset({1})  # request_finished registered its blocks
+        run(d, *PREFILL)
+        obs = d.observe()
+        # Submitted at the next step's handle_preemptions; no block reused: no flush.
+        assert fn(obs["store"]) == {0: frozenset({1}), 1: frozenset({1})}
+        run(d, "store_complete(1, 0)", "store_complete(1, 1)", *PREFILL)
+        obs = d.observe()
+        assert obs["jobs"] == (0, 0) and obs["fence"] == frozenset()  # both ranks acked
+        assert d.offload_delays == {1: False}  # request_finished never delays
         assert fn(obs["extra"]) == {0: frozenset(), 1: frozenset()}  # no extra_async_saves
-        assert fn(obs["store"]) == {0: frozenset(), 1: frozenset()}
+        assert not obs["clobbered"]
+
+
+def _reuse_with_pending_store(d: VllmDriver) -> Step:
+    """Request 1 finishes with its store job in flight; request 2 is allocated its freed
+    block (capacity 1). Returns the step that admits request 2."""
+    run(d, *PREFILL, "consumer_start_load_kv(1, 0)", "consumer_get_finished(1, 0)", *PREFILL)
+    assert d.observe()["req"] == ("freed", "waiting")
+    run(d, "schedule")
+    return d.steps[-1]
+
+
+def test_upstream_offload_flushes_a_reused_blocks_store_before_the_forward() -> None:
+    with VllmDriver(row("multi-nixl-offload-upstream", n=2, cap=1)) as d:
+        st = _reuse_with_pending_store(d)
+        assert st.batch == {2} and st.reused == {1} and st.flush == {1}
+        run(d, "execute_model")
+        obs = d.observe()
+        assert not obs["clobbered"]  # handle_preemptions waited for the store
+        assert st.ack == (frozenset({1}),)  # the flushed job is acked in the same step
+
+
+def test_negative_control_unfenced_reuse_is_seen_as_a_clobber() -> None:
+    # #46014-style bug re-introduced in memory: request_finished registers no fence.
+    with VllmDriver(row("multi-nixl-offload-upstream", n=2, cap=1)) as d:
+        osched = d.sched.connector._connectors[1].connector_scheduler
+        real = osched.request_finished
+
+        def unfenced(request: object) -> object:
+            out = real(request)
+            osched._block_id_to_pending_jobs.clear()
+            return out
+
+        osched.request_finished = unfenced
+        st = _reuse_with_pending_store(d)
+        assert st.reused == {1} and st.flush == frozenset()
+        run(d, "execute_model")
+        assert d.observe()["clobbered"]
 
 
 def test_negative_control_broken_driver_is_caught() -> None:
-    rw = row("multi-nixl-offload-delaying", pcp=2, n=1, cap=1, variant="fixed")
+    rw = row("multi-nixl-hf3fs", pcp=2, n=1, cap=1, variant="fixed")
     with DropsRank1(rw, impl_patch="fix-53903") as d:
         from kvspec.drivers.reference import ReferenceDriver
 
@@ -327,7 +380,10 @@ def test_cuda_device_is_refused_with_its_reason_and_builds_nothing(
     assert err.startswith("kvspec conform: the vllm driver is unavailable on cuda: ")
 
 
-def test_clusters_built_inside_a_mutant_scope_do_not_survive_it() -> None:
+def test_clusters_built_inside_a_mutant_scope_do_not_survive_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(vllm_cluster, "POOL_IDLE_MAX", 2)  # both shapes stay pooled
     with VllmDriver(row()) as d:
         kept = d.c
     with vllm_cluster.discard_built_inside():
@@ -339,6 +395,16 @@ def test_clusters_built_inside_a_mutant_scope_do_not_survive_it() -> None:
     assert fresh.closed and fresh not in vllm_cluster._LIVE  # ... and discarded from it
     assert fresh not in vllm_cluster._POOL[fresh.key]
     assert not kept.closed and kept in vllm_cluster._POOL[kept.key]
+
+
+def test_the_pool_keeps_one_idle_cluster_and_tears_down_the_least_recent() -> None:
+    # Idle clusters' NIXL progress threads poll: more than one idle starves the CPU.
+    with VllmDriver(row()) as d:
+        first = d.c
+    with VllmDriver(row(n=1, cap=1)) as d:
+        second = d.c
+    assert first.closed and first not in vllm_cluster._LIVE
+    assert not second.closed and vllm_cluster._IDLE_ORDER == [second]
 
 
 def test_a_wait_times_out_by_its_clock_not_the_wall_clock() -> None:

@@ -85,6 +85,14 @@ class Driver(ABC):
     @abstractmethod
     def consumer_get_finished(self, r: int, w: int) -> None: ...
 
+    # Push mode (Transfer = "push"). Not abstract while the real-vLLM driver has no push
+    # cluster: a driver without it cannot take these steps, which is a missing action.
+    def push_write(self, r: int, w: int) -> None:
+        raise MissingAction(f"push_write({r}, {w}): this driver does not drive push mode")
+
+    def push_write_done(self, r: int, w: int) -> None:
+        raise MissingAction(f"push_write_done({r}, {w}): this driver does not drive push mode")
+
     @abstractmethod
     def heartbeat(self, r: int) -> None: ...
 

@@ -55,6 +55,12 @@ class ReferenceDriver(Driver):
     def consumer_get_finished(self, r: int, w: int) -> None:
         self._do(Action("consumer_get_finished", r, w))
 
+    def push_write(self, r: int, w: int) -> None:
+        self._do(Action("push_write", r, w))
+
+    def push_write_done(self, r: int, w: int) -> None:
+        self._do(Action("push_write_done", r, w))
+
     def heartbeat(self, r: int) -> None:
         self._do(Action("heartbeat", r))
 

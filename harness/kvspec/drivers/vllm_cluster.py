@@ -1,19 +1,22 @@
 """An in-process mini-cluster built from the real vLLM classes (the vLLM driver's engine room).
 
 What is real: vLLM's v1 `Scheduler` (producer), W worker-side connector instances (NIXL pull
-producers, optionally inside vLLM's `MultiConnector` next to the project's delaying offload
-child or vLLM's own `OffloadingConnector`) over KV cache tensors allocated by
+or, for Transfer = "push", NixlPushConnector producers, optionally inside vLLM's
+`MultiConnector` next to vLLM's HF3FSKVConnector or its `OffloadingConnector`) over KV cache
+tensors allocated by
 `vllm.v1.worker.utils.allocate_kv_cache` (each TP rank holds its share of the KV heads) and
 registered with their own NIXL agents, the `KVOutputAggregator`, one decode-side worker
 `NixlConnector` (kv_consumer) per TP rank that handshakes over the real ZMQ side channel with
 the producer rank its transfer topology maps it to and issues real NIXL READs (UCX), and
-NIXL's notifications.
+NIXL's notifications. In push mode the decode workers are NixlPushConnectors too, the decode
+engine has its own side channel and every producer rank handshakes with it (push_side.py).
 What is replaced: the model forward (the driver builds a synthetic `ModelRunnerOutput`),
 the process group (all workers live in one process: each worker is built as TP rank t of
 T by `tp_identity`, and its `pcp_rank` is set by hand after construction, as vLLM would
-derive both from its groups), and, on CPU only, the upstream offloading spec's transfer
-engine (offload_upstream.py: the stock CPU worker refuses CPU tensors). PP > 1 is unavailable
-(`PP_UNAVAILABLE` says why).
+derive both from its groups), HF3FS's metadata server, 3FS mount, CUDA streams and I/O
+threads (hf3fs_child.py: its saves are held until the spec's store_complete), and, on CPU
+only, the upstream offloading spec's transfer engine (offload_upstream.py: the stock CPU
+worker refuses CPU tensors). PP > 1 is unavailable (`PP_UNAVAILABLE` says why).
 
 Devices (`device_plan`): on `cpu` the KV caches are host tensors that NIXL registers as
 DRAM; on `cuda` (the CUDA build of vLLM) they are allocated in VRAM, the connectors run with
@@ -27,6 +30,11 @@ Cost: vLLM is imported once per process (`vllm_api()`), and clusters are pooled 
 the consumer's completed handshake, and is reset (every connector's request state cleared,
 notifications drained) before reuse. `shutdown_pool()` (also run at exit) tears every pooled
 cluster down: connector shutdown, memory deregistration, agents dropped, threads joined.
+At most `POOL_IDLE_MAX` clusters wait idle (the least recently released is torn down
+first): an idle cluster's NIXL agents keep their progress threads polling (measured: one
+idle PCP 1 cluster keeps 2 cores busy, 0.02 after shutdown_pool), and a pool of every
+shape a test session touched (~66 running threads, load average 67) starved 2 cores so
+badly that make test's unit stage took 22 minutes.
 """
 
 from __future__ import annotations
@@ -40,7 +48,9 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from kvspec.drivers import push_side
 from kvspec.drivers.base import WaitTimeout
+from kvspec.drivers.push_side import PushSide
 from kvspec.drivers.vllm_env import (
     PP_UNAVAILABLE,
     DevicePlan,
@@ -48,46 +58,20 @@ from kvspec.drivers.vllm_env import (
     check_device,
     device_plan,
     free_port,
+    keep_affinity,
     kv_cache_config,
+    serve_handshake_metadata,
+    tp_identity,
     vllm_config,
 )
 from kvspec.drivers.vllm_inbox import ClusterError, NotifInbox, Waits
 from kvspec.matrix import ModelRow, Topology
-
-
-@contextlib.contextmanager
-def _keep_affinity() -> Iterator[None]:
-    """NIXL's CPU worker pins the whole process to one core (os.sched_setaffinity):
-    undo that, it is a deployment tuning, not part of the protocol."""
-    aff = os.sched_getaffinity(0)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, aff)
-
-
-@contextlib.contextmanager
-def tp_identity(tp_rank: int, tp_size: int) -> Iterator[None]:
-    """Be TP rank `tp_rank` of `tp_size` while a worker is built and registers its caches.
-
-    All workers share this process's 1-rank TP group; vLLM's NIXL worker reads its identity
-    from it once (get_tensor_model_parallel_rank / _world_size in __init__) and keeps it.
-    """
-    from vllm.distributed import parallel_state
-
-    group = parallel_state.get_tp_group()
-    saved = (group.rank_in_group, group.world_size)
-    group.rank_in_group, group.world_size = tp_rank, tp_size
-    try:
-        yield
-    finally:
-        group.rank_in_group, group.world_size = saved
-
+from kvspec.model import HF3FS
 
 # base_worker.py: `sock.setsockopt(zmq.RCVTIMEO, 5000)` around the handshake's metadata query.
 VLLM_HANDSHAKE_S = 5.0
 
-PoolKey = tuple[str, Topology, int, int, bool, str]
+PoolKey = tuple[str, str, Topology, int, int, bool, str]
 
 
 def pool_key(row: ModelRow, device: str) -> PoolKey:
@@ -95,6 +79,7 @@ def pool_key(row: ModelRow, device: str) -> PoolKey:
     vLLM's code, shipped or patched, not the cluster's shape), and the device."""
     return (
         row.composition,
+        row.transfer,
         row.topology,
         row.requests,
         row.capacity,
@@ -125,7 +110,7 @@ class Cluster:
     consumers: list[Any]
     consumers_caches: list[dict[str, Any]]
     listener: Any  # scheduler-role NixlConnector that served the handshake
-    store_engine: Any | None
+    push: PushSide | None = None  # push mode: D's side channel, the producers' held WRITEs
     closed: bool = False
 
     @property
@@ -142,6 +127,13 @@ class Cluster:
 
     def nixl_worker(self, w: int) -> Any:
         return self.nixl(w).connector_worker
+
+    def hf3fs(self, w: int) -> Any:
+        """Rank w's HF3FS AsyncOperationManager (hf3fs_child.HeldAsyncOperationManager);
+        composition multi-nixl-hf3fs only."""
+        from kvspec.drivers import hf3fs_child
+
+        return hf3fs_child.manager(self.workers[w]._connectors[1])
 
     def reset(self, waits: Waits) -> None:
         """Clear every connector's request state; WaitTimeout if a READ a trace left in
@@ -160,9 +152,11 @@ class Cluster:
                 from kvspec.drivers import offload_upstream
 
                 offload_upstream.reset_worker(self.workers[w]._connectors[1])
+            if self.composition == HF3FS:
+                self.hf3fs(w).reset()
             self.workers[w].clear_connector_metadata()
-        if self.store_engine is not None:
-            self.store_engine.reset()
+        if self.push is not None:
+            push_side.reset(self, waits)
         for t, cons in enumerate(self.consumers):
             cw = cons.connector_worker
 
@@ -193,14 +187,12 @@ class Cluster:
         self.closed = True
         for ib in self.inboxes:
             ib.restore()
+        if self.push is not None:
+            self.push.shutdown()
         for c in [*self.workers, *self.consumers]:
             with contextlib.suppress(Exception):
                 c.shutdown()
         self.listener.shutdown()
-        if self.store_engine is not None:
-            from kvspec.drivers import offload_delaying
-
-            offload_delaying.drop_store_engine(self.engine_id)
         # Drop the agents (their destructors release UCX workers) and the caches.
         self.workers.clear()
         self.inboxes.clear()
@@ -222,14 +214,25 @@ def build_cluster(row: ModelRow, device: str, waits: Waits) -> Cluster:
     os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "127.0.0.1"
     blocks = row.capacity + 1  # + vLLM's null block
     cfg = vllm_config(
-        api, "kv_producer", engine_id, row.composition, topo, blocks, row.async_scheduling, device
+        api,
+        "kv_producer",
+        engine_id,
+        row.composition,
+        topo,
+        blocks,
+        row.async_scheduling,
+        device,
+        transfer=row.transfer,
     )
     kc = kv_cache_config(api, cfg)
     gen = api.torch.Generator().manual_seed(1234 + n)
     workers, caches = _build_producers(api, cfg, kc, row.composition, topo, plan, gen)
     inboxes = [NotifInbox(_nixl(c, row.composition).connector_worker.nixl_wrapper) for c in workers]
     cfg.parallel_config.rank = 0
-    listener = _serve_handshakes(api, kc, engine_id, workers, topo, blocks, device)
+    listener = _serve_handshakes(api, kc, engine_id, workers, topo, blocks, device, row, waits)
+    # The decode engine runs with the producer's hybrid-KV-manager setting, as a deployment
+    # must: NIXL's handshake refuses a peer whose compatibility hash differs, and the hash
+    # includes is_hma_enabled (nixl/metadata.py:145-196).
     dcfg = vllm_config(
         api,
         "kv_consumer",
@@ -239,11 +242,10 @@ def build_cluster(row: ModelRow, device: str, waits: Waits) -> Cluster:
         row.requests + 1,
         False,
         device,
+        disable_hma=bool(cfg.scheduler_config.disable_hybrid_kv_cache_manager),
+        transfer=row.transfer,
     )
     consumers, consumers_caches = _build_consumers(api, dcfg, plan, topo.tp)
-    store = None
-    if row.composition == "multi-nixl-offload-delaying":
-        store = workers[0]._connectors[1].engine
     cluster = Cluster(
         key=pool_key(row, device),
         composition=row.composition,
@@ -258,11 +260,12 @@ def build_cluster(row: ModelRow, device: str, waits: Waits) -> Cluster:
         consumers=consumers,
         consumers_caches=consumers_caches,
         listener=listener,
-        store_engine=store,
     )
     try:
         for cons in consumers:
             _handshake(cons.connector_worker, engine_id, port, topo.tp, waits)
+        if row.transfer == "push":
+            cluster.push = push_side.build(api, dcfg, cluster.nixl_worker, cluster, waits)
     except BaseException:  # e.g. a handshake that timed out: a retry builds a new cluster
         cluster.shutdown()
         raise
@@ -294,7 +297,7 @@ def _build_producers(
     for w in range(topo.world_size):
         coords = topo.rank_coords(w)
         cfg.parallel_config.rank = w  # read once, by the offloading spec's config
-        with api.set_current_vllm_config(cfg), _keep_affinity(), tp_identity(coords.tp, topo.tp):
+        with api.set_current_vllm_config(cfg), keep_affinity(), tp_identity(coords.tp, topo.tp):
             conn = api.KVConnectorFactory.create_connector(
                 config=cfg, role=api.KVConnectorRole.WORKER, kv_cache_config=kc
             )
@@ -302,8 +305,6 @@ def _build_producers(
         # Rank identity (spec layout); vLLM reads it from the PCP group.
         nw.pcp_rank = coords.pcp
         nw.pcp_dcp_sharded = False
-        if composition == "multi-nixl-offload-delaying":
-            conn._connectors[1].rank = w
         kv = api.allocate_kv_cache(kc, device, layout)
         for t in kv.values():
             # Drawn on the host (one seeded generator for every device), copied in.
@@ -325,10 +326,14 @@ def _serve_handshakes(
     topo: Topology,
     blocks: int,
     device: str,
+    row: ModelRow,
+    waits: Waits,
 ) -> Any:
     """The producer engine's side channel: a scheduler-role NixlConnector serving every
     published rank's handshake metadata, keyed by (pp, tp) as the engine collects it."""
-    lcfg = vllm_config(api, "kv_producer", engine_id, "nixl", topo, blocks, False, device)
+    lcfg = vllm_config(
+        api, "kv_producer", engine_id, "nixl", topo, blocks, False, device, transfer=row.transfer
+    )
     kv_cache_config(api, lcfg)
     with api.set_current_vllm_config(lcfg):
         listener = api.KVConnectorFactory.create_connector(
@@ -340,7 +345,7 @@ def _serve_handshakes(
         if h is not None:
             coords = topo.rank_coords(w)
             md[(coords.pp, coords.tp)] = h
-    listener.set_xfer_handshake_metadata_pp_aware(md)
+    serve_handshake_metadata(listener, md, waits)
     return listener
 
 
@@ -355,7 +360,7 @@ def _build_consumers(
     consumers: list[Any] = []
     consumers_caches: list[dict[str, Any]] = []
     for t in range(tp):
-        with api.set_current_vllm_config(dcfg), _keep_affinity(), tp_identity(t, tp):
+        with api.set_current_vllm_config(dcfg), keep_affinity(), tp_identity(t, tp):
             consumer = api.KVConnectorFactory.create_connector(
                 config=dcfg, role=api.KVConnectorRole.WORKER, kv_cache_config=dkc
             )
@@ -409,6 +414,8 @@ def _check_registration(nixl_worker: Any, plan: DevicePlan, who: str) -> None:
 
 _POOL: dict[PoolKey, list[Cluster]] = {}
 _LIVE: list[Cluster] = []
+_IDLE_ORDER: list[Cluster] = []  # idle clusters, least recently released first
+POOL_IDLE_MAX = 1
 
 
 def acquire(row: ModelRow, device: str, waits: Waits) -> Cluster:
@@ -416,6 +423,8 @@ def acquire(row: ModelRow, device: str, waits: Waits) -> Cluster:
     idle = _POOL.setdefault(pool_key(row, device), [])
     if idle:
         c = idle.pop()
+        if c in _IDLE_ORDER:
+            _IDLE_ORDER.remove(c)
         try:
             c.reset(waits)
         except Exception:  # a READ still in flight (WaitTimeout): the cluster is suspect
@@ -436,6 +445,9 @@ def release(cluster: Cluster, waits: Waits) -> None:
         discard(cluster)
         raise
     _POOL.setdefault(cluster.key, []).append(cluster)
+    _IDLE_ORDER.append(cluster)
+    while len(_IDLE_ORDER) > POOL_IDLE_MAX:
+        discard(_IDLE_ORDER[0])
 
 
 def discard(cluster: Cluster) -> None:
@@ -446,6 +458,8 @@ def discard(cluster: Cluster) -> None:
     idle = _POOL.get(cluster.key, [])
     if cluster in idle:
         idle.remove(cluster)
+    if cluster in _IDLE_ORDER:
+        _IDLE_ORDER.remove(cluster)
 
 
 @contextlib.contextmanager
@@ -465,6 +479,7 @@ def shutdown_pool() -> None:
     for c in list(_LIVE):
         discard(c)
     _POOL.clear()
+    _IDLE_ORDER.clear()
 
 
 atexit.register(shutdown_pool)

@@ -2,10 +2,13 @@
 
 `VllmDriver(row)` replays spec actions (spec/KVCompletion.tla) on an in-process mini-cluster
 (vllm_cluster.py): the real v1 Scheduler, W real worker-side connectors (NIXL, or vLLM's
-MultiConnector over NIXL + an offload child: the delaying one of offload_delaying.py, or
-vLLM's OffloadingConnector for multi-nixl-offload-upstream) with their own NIXL agents and
+MultiConnector over NIXL + a second child: vLLM's HF3FSKVConnector, which delays the free,
+for multi-nixl-hf3fs (hf3fs_child.py), or vLLM's OffloadingConnector for
+multi-nixl-offload-upstream) with their own NIXL agents and
 KV caches on the chosen device, the real KVOutputAggregator, and one real decode-side
-NixlConnector per TP rank doing NIXL READs from the producer rank of its tp rank. TP > 1
+NixlConnector per TP rank doing NIXL READs from the producer rank of its tp rank (in push
+mode, Transfer = "push": NixlPushConnector on both sides, the producer WRITEs;
+push_actions.py). TP > 1
 and PCP > 1 are supported; PP > 1 raises DriverUnavailable (vllm_env.PP_UNAVAILABLE says
 why).
 Only the model forward is replaced: each rank's `ModelRunnerOutput` is synthetic (one
@@ -35,23 +38,21 @@ import traceback
 from collections import deque
 from typing import Any
 
+from kvspec.drivers import offload_view as ov
 from kvspec.drivers.base import Driver, MissingAction
 from kvspec.drivers.patches import get_patch
+from kvspec.drivers.push_actions import PushActions, TransferCorrupted
 from kvspec.drivers.vllm_cluster import Cluster, acquire, discard, release
 from kvspec.drivers.vllm_env import BLOCK_SIZE
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
-from kvspec.drivers.vllm_view import Read, Step, VllmView, req_id, spec_r
+from kvspec.drivers.vllm_view import Read, Step, req_id, spec_r
 from kvspec.matrix import ModelRow
 from kvspec.model import ACTIONS, Action, pipeline_depth
 
 __all__ = ["VllmDriver", "TransferCorrupted"]
 
 
-class TransferCorrupted(AssertionError):
-    """The bytes the consumer READ differ from the producer's block."""
-
-
-class VllmDriver(VllmView, Driver):
+class VllmDriver(PushActions, Driver):
     def __init__(
         self,
         row: ModelRow,
@@ -113,6 +114,9 @@ class VllmDriver(VllmView, Driver):
         self.hb: set[int] = set()
         self.params: dict[int, dict[str, Any]] = {}  # kv_transfer_params from request_finished
         self.reads: dict[tuple[int, int], Read] = {}
+        self.jobmap = ov.JobMap()
+        self.clobbered = False
+        self.blocks: dict[int, frozenset[int]] = {}  # r -> block ids it was allocated
         # (consumer, req id): finished_recving (failed_recving) not yet acted on.
         self.recv_done: set[tuple[int, str]] = set()
         self.recv_failed: set[tuple[int, str]] = set()
@@ -171,7 +175,8 @@ class VllmDriver(VllmView, Driver):
 
     def _can_consumer_start_load_kv(self, r: int, w: int) -> bool:
         return (
-            self._status(r) == "sending"
+            self.row.transfer == "pull"
+            and self._status(r) == "sending"
             and r in self.params
             and w in self._read_sources()
             and (r, w) not in self.reads
@@ -181,7 +186,7 @@ class VllmDriver(VllmView, Driver):
 
     def _can_consumer_get_finished(self, r: int, w: int) -> bool:
         rd = self.reads.get((r, w))
-        return rd is not None and rd.state == "inflight"
+        return self.row.transfer == "pull" and rd is not None and rd.state == "inflight"
 
     def _can_heartbeat(self, r: int) -> bool:
         return (
@@ -194,37 +199,65 @@ class VllmDriver(VllmView, Driver):
         return (
             req_id(r) in self.c.nixl_worker(w)._reqs_to_send
             and not self._expired(w, r)
-            and not self._can_consumer_get_finished(r, w)  # no READ in flight
+            and not self._in_flight(r, w)  # no READ (push: WRITE) in flight
         )
 
+    def _in_flight(self, r: int, w: int) -> bool:
+        rd = self.reads.get((r, w))
+        return rd is not None and rd.state == "inflight"
+
     def _can_store_complete(self, r: int, w: int) -> bool:
-        eng = self.c.store_engine
-        return eng is not None and req_id(r) in eng.ranks[w].store
+        # HF3FS: a save of r submitted on rank w whose Future is not done (held in the
+        # queue). Offloading: a store job of r submitted to rank w's worker, not complete.
+        if self._offload():
+            return ov.store_job_of(self._offload_child(w), self.jobmap, r) is not None
+        return self._hf3fs() and req_id(r) in self.c.hf3fs(w).held_saves()
 
     # ------------------------------------------------------------------ actions
     def schedule(self) -> None:
         """Spec `schedule`: Scheduler.schedule() (its connector builds the NIXL metadata)."""
         if not self._can_schedule():
             raise self._missing("schedule", "no step slot or no requests")
+        live = ov.pending_counts(ov.scheduler_child(self.sched), self.N) if self._offload() else ()
         so = self.sched.schedule()
         meta = self._nixl_meta(so.kv_connector_metadata, self.row.composition)
-        self.steps.append(
-            Step(
-                so=so,
-                batch=self._reqs(nr.req_id for nr in so.scheduled_new_reqs),
-                to_send=self._reqs(meta.reqs_to_send),
-                not_proc=self._reqs(meta.reqs_not_processed),
-            )
+        new_blocks: set[int] = set()
+        for nr in so.scheduled_new_reqs:
+            ids = frozenset(int(b) for group in nr.block_ids for b in group)
+            self.blocks[spec_r(nr.req_id)] = ids
+            new_blocks |= ids
+        st = Step(
+            so=so,
+            batch=self._reqs(nr.req_id for nr in so.scheduled_new_reqs),
+            to_send=self._reqs(meta.reqs_to_send),
+            not_proc=self._reqs(meta.reqs_not_processed),
+            # scheduler.py:1514: the set finished since the last schedule, shipped to
+            # the workers' get_finished (HF3FS reads it; the spec keeps it for HF3FS).
+            fin=self._reqs(so.finished_req_ids) if self._hf3fs() else frozenset(),
+            new_blocks=frozenset(new_blocks),
         )
+        if self._offload():
+            # Recorded now: handle_preemptions pops the flushed jobs out of store_jobs.
+            st.jobs, st.flush = self.jobmap.record(ov.child_meta(so))
+            st.reused = frozenset(
+                r
+                for r, n in enumerate(live, start=1)
+                if n > 0 and self._status(r) == "freed" and self.blocks.get(r, set()) & new_blocks
+            )
+        self.steps.append(st)
 
-    def _run_rank(self, w: int, so: Any) -> Any:
+    def _run_rank(self, w: int, st: Step) -> Any:
         api = self.c.api
         conn = self.c.workers[w]
+        so = st.so
         # gpu_model_runner.execute_model: handle_preemptions (the offloading child flushes
         # stores of blocks this step reuses), then kv_connector_model_runner_mixin: bind ->
         # start_load_kv -> forward -> wait_for_save -> get_transfer_results ->
         # build_connector_worker_meta -> clear.
         conn.handle_preemptions(so.kv_connector_metadata)
+        if self._offload() and ov.clobbers(self._offload_child(w), st.new_blocks):
+            # The forward (replaced here) would write a block a store still reads.
+            self.clobbered = True
         conn.bind_connector_metadata(so.kv_connector_metadata)
         try:
             conn.start_load_kv(None)
@@ -253,8 +286,12 @@ class VllmDriver(VllmView, Driver):
         if not self._can_execute_model():
             raise self._missing("execute_model", "no scheduled step to run")
         st = next(s for s in self.steps if not s.ran)
-        st.outputs = [self._run_rank(w, st.so) for w in range(self.W)]
+        st.outputs = [self._run_rank(w, st) for w in range(self.W)]
         st.out = tuple(self._reqs(o.kv_connector_output.finished_sending or ()) for o in st.outputs)
+        empty: frozenset[int] = frozenset()
+        st.ack = tuple(
+            ov.acks(o, self.jobmap) if self._offload() else empty for o in st.outputs
+        )
         st.ran = True
 
     def update_from_output(self) -> None:
@@ -342,7 +379,7 @@ class VllmDriver(VllmView, Driver):
             if not torch.equal(cache[rd.local_block], self.c.caches[w][name][rd.remote_block]):
                 raise TransferCorrupted(f"req {r}: layer {name} differs after the READ")
         item = self.c.inboxes[w].wait_arrived(f"{req_id(r)}:1".encode(), self.waits)
-        self.c.inboxes[w].delivered.append(item)
+        self.c.inboxes[w].deliver(item)
         rd.state = "done"
 
     def heartbeat(self, r: int) -> None:
@@ -374,20 +411,33 @@ class VllmDriver(VllmView, Driver):
         self.c.nixl_worker(w)._reqs_to_send[req_id(r)] = time.perf_counter() - 1.0
 
     def store_complete(self, r: int, w: int) -> None:
-        """Spec `store_complete(r, w)`: the delaying offload child's StoreEngine.complete."""
+        """Spec `store_complete(r, w)`: rank w's HF3FS save of r finishes (vLLM's
+        AsyncOperationManager._succeed_task sets its Future, hf3fs_child.complete_save), or
+        its OffloadingWorker's store job of r does (offload_view.complete_store)."""
         if not self._can_store_complete(r, w):
-            raise MissingAction(f"store_complete({r}, {w}): no store job")
-        eng = self.c.store_engine
-        assert eng is not None  # _can_store_complete
-        eng.complete(req_id(r), w)
+            raise MissingAction(f"store_complete({r}, {w}): no store of r in flight on w")
+        if self._offload():
+            # The OffloadingWorker's transfer finishes: get_finished reports it next step.
+            child = self._offload_child(w)
+            jid = ov.store_job_of(child, self.jobmap, r)
+            assert jid is not None
+            ov.complete_store(child, jid)
+            return
+        self.c.hf3fs(w).complete_save(req_id(r))
 
     # ------------------------------------------------------------------ enabled / observe
     def enabled(self) -> list[Action]:
         domain = {"r": range(1, self.N + 1), "w": range(self.W)}
-        acts = [
-            Action(name, *args)
-            for name, params in ACTIONS.items()
-            for args in itertools.product(*(domain[p] for p in params))
-            if getattr(self, f"_can_{name}")(*args)
-        ]
+        acts = []
+        for name, params in ACTIONS.items():
+            guard = getattr(self, f"_can_{name}", None)
+            if guard is None:
+                # An action this driver does not drive (push mode: Driver.push_write
+                # raises MissingAction) is never enabled.
+                continue
+            acts += [
+                Action(name, *args)
+                for args in itertools.product(*(domain[p] for p in params))
+                if guard(*args)
+            ]
         return sorted(acts)

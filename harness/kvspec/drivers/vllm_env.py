@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import itertools
 import logging
 import os
 import socket
@@ -165,15 +166,9 @@ def vllm_api() -> SimpleNamespace:
     except Exception as exc:  # ImportError, or a broken CUDA-only dependency
         raise DriverUnavailable(f"vLLM/NIXL cannot be imported here: {exc}") from exc
 
-    from kvspec.drivers import offload_delaying
+    from kvspec.drivers import hf3fs_child, offload_upstream
 
-    with contextlib.suppress(ValueError):  # already registered in this process
-        found["KVConnectorFactory"].register_connector(
-            offload_delaying.CONNECTOR_NAME,
-            offload_delaying.MODULE_PATH,
-            offload_delaying.CLASS_NAME,
-        )
-    from kvspec.drivers import offload_upstream
+    hf3fs_child.register(found["KVConnectorFactory"].register_connector)
 
     offload_upstream.register()
     _retake_nixl()
@@ -212,15 +207,45 @@ def check_device(device: str) -> SimpleNamespace:
     return api
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+_PORTS = itertools.count()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on, chosen below the kernel's ephemeral range. A port the
+    kernel hands out for port 0 is free only until the next connect(): the UCX agents of
+    earlier clusters open ephemeral sockets all the time, and one that takes a side-channel
+    port before vLLM's listener binds it leaves that listener's thread dead and
+    `set_xfer_handshake_metadata` waiting for ever (base_scheduler.py:334, no timeout)."""
+    lo, _ = _ephemeral_range()
+    start = 20000 if lo > 21000 else 1024
+    span = max(1, lo - start)
+    for _ in range(span):
+        port = start + (os.getpid() * 7919 + next(_PORTS)) % span
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise DriverUnavailable(f"no free TCP port in {start}-{lo - 1} for NIXL's side channel")
 
 
-def nixl_transfer_config(role: str, plan: DevicePlan) -> dict[str, Any]:
+# The spec's Transfer constant -> the connector vLLM registers for it
+# (kv_connector/factory.py: "NixlConnector", "NixlPushConnector").
+NIXL_CONNECTORS = {"pull": "NixlConnector", "push": "NixlPushConnector"}
+
+
+def nixl_transfer_config(role: str, plan: DevicePlan, transfer: str = "pull") -> dict[str, Any]:
     return {
-        "kv_connector": "NixlConnector",
+        "kv_connector": NIXL_CONNECTORS[transfer],
         "kv_role": role,
         "kv_buffer_device": plan.kv_buffer_device,
         "kv_connector_extra_config": {"kv_lease_duration": LEASE_SECONDS, "num_threads": 1},
@@ -236,19 +261,25 @@ def vllm_config(
     blocks: int,
     async_scheduling: bool,
     device: str,
+    disable_hma: bool | None = None,
+    transfer: str = "pull",
 ) -> Any:
-    """The VllmConfig of one engine role (kv_producer / kv_consumer) with `blocks` KV blocks."""
+    """The VllmConfig of one engine role (kv_producer / kv_consumer) with `blocks` KV blocks.
+    `disable_hma`: --disable-hybrid-kv-cache-manager (None: vLLM decides; it turns the
+    hybrid manager off for a connector without SupportsHMA, e.g. HF3FS, config/vllm.py
+    ~2170-2192). `transfer`: the spec's Transfer ("push": NixlPushConnector)."""
     plan = device_plan(device)
-    nixl = nixl_transfer_config(role, plan)
+    nixl = nixl_transfer_config(role, plan, transfer)
     if composition == "nixl" or role == "kv_consumer":
         ktc = api.KVTransferConfig(engine_id=engine_id, **nixl)
     else:
         child: dict[str, Any]
-        if composition == "multi-nixl-offload-delaying":
-            from kvspec.drivers import offload_delaying
+        if composition == "multi-nixl-hf3fs":
+            from kvspec.drivers import hf3fs_child
 
-            # Registered with KVConnectorFactory in vllm_api().
-            child = {"kv_connector": offload_delaying.CONNECTOR_NAME, "kv_role": role}
+            # vLLM's HF3FSKVConnector without its external service (hf3fs_child.py),
+            # registered with KVConnectorFactory in vllm_api().
+            child = {"kv_connector": hf3fs_child.CONNECTOR_NAME, "kv_role": role}
         elif composition == "multi-nixl-offload-upstream":
             from kvspec.drivers import offload_upstream
 
@@ -279,6 +310,7 @@ def vllm_config(
         max_num_batched_tokens=4096,
         enable_chunked_prefill=False,
         async_scheduling=async_scheduling,
+        disable_hybrid_kv_cache_manager=disable_hma,
     )
     cfg = api.VllmConfig(
         model_config=model,
@@ -393,3 +425,46 @@ def vllm_logs(
         _ACTIVE.remove(redirect)
         redirect.restore()
         handler.close()
+
+
+def serve_handshake_metadata(listener: Any, md: dict[tuple[int, int], Any], waits: Any) -> None:
+    """`set_xfer_handshake_metadata_pp_aware` on a scheduler-role NIXL connector: it starts
+    the side-channel listener thread and waits, without a timeout, for its socket
+    (base_scheduler.py:319-334). Run on a helper thread, so a listener that died (its port
+    taken) is a WaitTimeout (`waits`: a vllm_inbox.Waits) instead of a hang."""
+    import threading
+
+    t = threading.Thread(
+        target=listener.set_xfer_handshake_metadata_pp_aware, args=(md,), daemon=True
+    )
+    t.start()
+    waits.until(lambda: not t.is_alive(), "NIXL's side-channel listener to start")
+
+
+@contextlib.contextmanager
+def keep_affinity() -> Iterator[None]:
+    """NIXL's CPU worker pins the whole process to one core (os.sched_setaffinity):
+    undo that, it is a deployment tuning, not part of the protocol."""
+    aff = os.sched_getaffinity(0)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, aff)
+
+
+@contextlib.contextmanager
+def tp_identity(tp_rank: int, tp_size: int) -> Iterator[None]:
+    """Be TP rank `tp_rank` of `tp_size` while a worker is built and registers its caches.
+
+    All workers share this process's 1-rank TP group; vLLM's NIXL worker reads its identity
+    from it once (get_tensor_model_parallel_rank / _world_size in __init__) and keeps it.
+    """
+    from vllm.distributed import parallel_state
+
+    group = parallel_state.get_tp_group()
+    saved = (group.rank_in_group, group.world_size)
+    group.rank_in_group, group.world_size = tp_rank, tp_size
+    try:
+        yield
+    finally:
+        group.rank_in_group, group.world_size = saved

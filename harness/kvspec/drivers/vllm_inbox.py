@@ -13,6 +13,7 @@ decides a timeout by construction instead of by racing the wall clock.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -68,6 +69,8 @@ class NotifInbox:
     is routed here. A read's "req:1" notification is held from its arrival until the
     spec's `consumer_get_finished` delivers it (network delay is the spec's, so the driver
     decides when it lands); delivered but unread ones are the spec's `notif`.
+    In push mode the producer's `nixl-push-writer` thread calls it too (push_worker.py
+    `_push_writer_loop`), hence the lock.
     """
 
     def __init__(self, wrapper: Any) -> None:
@@ -75,28 +78,55 @@ class NotifInbox:
         self._poll_agent = wrapper.get_new_notifs  # the real bound method
         self.arrived: list[tuple[str, bytes]] = []
         self.delivered: list[tuple[str, bytes]] = []
+        self.lock = threading.RLock()
         wrapper.get_new_notifs = self.get_new_notifs
 
     def poll(self) -> None:
-        for agent, msgs in self._poll_agent().items():
-            self.arrived.extend((agent, m) for m in msgs)
+        with self.lock:
+            for agent, msgs in self._poll_agent().items():
+                self.arrived.extend((agent, m) for m in msgs)
 
     def get_new_notifs(self, backends: list[str] | None = None) -> dict[str, list[bytes]]:
-        self.poll()
-        out: dict[str, list[bytes]] = {}
-        for agent, msg in self.delivered:
-            out.setdefault(agent, []).append(msg)
-        self.delivered = []
-        return out
+        with self.lock:
+            self.poll()
+            out: dict[str, list[bytes]] = {}
+            for agent, msg in self.delivered:
+                out.setdefault(agent, []).append(msg)
+            self.delivered = []
+            return out
+
+    def deliver(self, item: tuple[str, bytes]) -> None:
+        with self.lock:
+            self.delivered.append(item)
 
     def take_arrived(self, msg: bytes) -> tuple[str, bytes] | None:
         """Remove and return the first arrived (agent, msg); None if it has not arrived."""
-        self.poll()
-        for item in self.arrived:
-            if item[1] == msg:
-                self.arrived.remove(item)
-                return item
-        return None
+        with self.lock:
+            self.poll()
+            for item in self.arrived:
+                if item[1] == msg:
+                    self.arrived.remove(item)
+                    return item
+            return None
+
+    def wait_arrived_where(
+        self, pred: Callable[[bytes], bool], what: str, waits: Waits
+    ) -> tuple[str, bytes]:
+        """The first arrived (agent, msg) with pred(msg), once one has arrived (removed)."""
+        got: list[tuple[str, bytes]] = []
+
+        def arrived() -> bool:
+            with self.lock:
+                self.poll()
+                for item in self.arrived:
+                    if pred(item[1]):
+                        self.arrived.remove(item)
+                        got.append(item)
+                        return True
+            return False
+
+        waits.until(arrived, what)
+        return got[0]
 
     def wait_arrived(self, msg: bytes, waits: Waits) -> tuple[str, bytes]:
         """The arrived (agent, msg), once it has arrived (WaitTimeout if it does not)."""
@@ -116,9 +146,10 @@ class NotifInbox:
         lands in `arrived` and stays invisible (only `delivered` is the spec's `notif`):
         it carries the same agent and message as the one a later trace would wait for,
         so matching it instead changes nothing the spec observes."""
-        self.poll()
-        self.arrived.clear()
-        self.delivered.clear()
+        with self.lock:
+            self.poll()
+            self.arrived.clear()
+            self.delivered.clear()
 
     def restore(self) -> None:
         with contextlib.suppress(AttributeError):

@@ -9,14 +9,17 @@ from kvspec.drivers.patches import CONNECTOR, NIXL, Patch
 from kvspec.mutations import FIXED, SHIPPED, Base, Mutant
 from kvspec.mutations import engine as e
 from kvspec.mutations import nixl as n
+from kvspec.mutations import push as pu
 
 BASE_WORKER = f"{NIXL}.base_worker:NixlBaseConnectorWorker"
 PULL_WORKER = f"{NIXL}.pull_worker:NixlPullConnectorWorker"
+PUSH_WORKER = f"{NIXL}.push_worker:NixlPushConnectorWorker"
 BASE_SCHED = f"{NIXL}.base_scheduler:NixlBaseConnectorScheduler"
 PULL_SCHED = f"{NIXL}.pull_scheduler:NixlPullConnectorScheduler"
 MULTI = "vllm.distributed.kv_transfer.kv_connector.v1.multi_connector:MultiConnector"
 AGG = "vllm.distributed.kv_transfer.kv_connector.utils:KVOutputAggregator"
 SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
+OFFLOADING = "vllm.distributed.kv_transfer.kv_connector.v1.offloading"
 
 
 def _m(
@@ -229,6 +232,49 @@ _ALL = [
         "rule: extra_async_saves = delaying children - 1",
         e.multi_extra_off_by_one,
         base=FIXED,
+    ),
+    _m(
+        "offload-fence-dropped",
+        "the offloading scheduler's request_finished registers no deferred fence: a reused "
+        "block's store is not flushed before the forward",
+        f"{OFFLOADING}.scheduler:OffloadingConnectorScheduler.request_finished",
+        "#46951/#46014",
+        e.offload_fence_dropped,
+    ),
+    _m(
+        "offload-replica-never-acks",
+        "offloading workers on ranks > 0 ship no completed_jobs: pending_count never reaches 0",
+        f"{OFFLOADING}.worker:OffloadingConnectorWorker.build_connector_worker_meta",
+        "#46019",
+        e.offload_replica_never_acks,
+    ),
+    _m(
+        "push-reports-on-post",
+        "push mode: a request's WRITEs count as done once posted, not once DONE",
+        f"{BASE_WORKER}._pop_done_transfers",  # defined there; only push's sends change
+        "rule: push frees after every WRITE handle is DONE (push_worker.py:826-829)",
+        pu.reports_on_post,
+    ),
+    _m(
+        "push-replica-queues",
+        "push mode: replicated PCP ranks no longer return first from start_load_kv",
+        f"{PUSH_WORKER}.start_load_kv",
+        "rule: push replicas are silent (push_worker.py:173-174)",
+        pu.replica_queues,
+    ),
+    _m(
+        "push-expired-write-reported",
+        "push mode: a WRITE that completes after its lease expired is reported again",
+        f"{PUSH_WORKER}.get_transfer_results",
+        "rule: push reaper (push_worker.py:831-833, 'Expired requests were already "
+        "reported')",
+        pu.expired_write_reported,
+        equivalent_because=(
+            "under the spec's timing guards a lease never expires under an in-flight WRITE "
+            "(lease_expire needs rd # inflight) and a WRITE starts only on a live lease, so "
+            "no WRITE completes for an expired request; killing it needs the lease clock "
+            "of issue #13 (READ/WRITE duration vs lease as constants)"
+        ),
     ),
     _m(
         "multi-recv-reported-twice",

@@ -150,3 +150,36 @@ def multi_extra_off_by_one(orig: Any) -> Any:
         return delay, params
 
     return aggregate_request_finished
+
+
+# ----------------------------------------------------------------------- offloading
+
+
+def offload_fence_dropped(orig: Any) -> Any:
+    """OffloadingConnectorScheduler.request_finished without the deferred fence: the
+    finished request's blocks are not registered in _block_id_to_pending_jobs, so a batch
+    allocated one of them gets no jobs_to_flush (the shape of #46951)."""
+
+    def request_finished(self: Any, request: Any) -> Any:
+        before = {b: set(j) for b, j in self._block_id_to_pending_jobs.items()}
+        out = orig(self, request)
+        for b in list(self._block_id_to_pending_jobs):
+            kept = self._block_id_to_pending_jobs[b] & before.get(b, set())
+            if kept:
+                self._block_id_to_pending_jobs[b] = kept
+            else:
+                del self._block_id_to_pending_jobs[b]
+        return out
+
+    return request_finished
+
+
+def offload_replica_never_acks(orig: Any) -> Any:
+    """OffloadingConnectorWorker.build_connector_worker_meta on ranks > 0 drops its
+    completed_jobs: pending_count never reaches 0 (#46019)."""
+
+    def build_connector_worker_meta(self: Any) -> Any:
+        meta = orig(self)
+        return meta if self.spec.config.parallel.rank == 0 else None
+
+    return build_connector_worker_meta

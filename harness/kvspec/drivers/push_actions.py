@@ -1,0 +1,128 @@
+"""The vLLM driver's push-mode actions (spec `push_write`, `push_write_done`) on the real
+NixlPushConnector; the cluster's push half is push_side.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvspec.drivers.base import MissingAction
+from kvspec.drivers.push_side import PushSide, write_handles
+from kvspec.drivers.vllm_inbox import Waits
+from kvspec.drivers.vllm_view import Read, VllmView, req_id
+
+# nixl/metadata.py:26: the prefix of D's registration notification.
+PUSH_REG = b"PUSH_REG:"
+
+
+class TransferCorrupted(AssertionError):
+    """A completed transfer delivered different bytes than the producer's block."""
+
+
+class PushActions(VllmView):
+    waits: Waits
+    params: dict[int, dict[str, Any]]
+
+    def _push(self) -> PushSide:
+        side = self.c.push
+        assert side is not None, "push action on a pull-mode cluster"
+        return side
+
+    def _can_push_write(self, r: int, w: int) -> bool:
+        # KVCompletion.tla push_write: r is sending, w is a read source, no WRITE of r on
+        # w yet, and r's lease is installed on w and live.
+        return (
+            self.row.transfer == "push"
+            and self._status(r) == "sending"
+            and r in self.params
+            and w in self._read_sources()
+            and (r, w) not in self.reads
+            and req_id(r) in self.c.nixl_worker(w)._reqs_to_send
+            and not self._expired(w, r)
+        )
+
+    def _can_push_write_done(self, r: int, w: int) -> bool:
+        rd = self.reads.get((r, w))
+        return self.row.transfer == "push" and rd is not None and rd.state == "inflight"
+
+    def push_write(self, r: int, w: int) -> None:
+        """Spec `push_write(r, w)` (KVCompletion.tla): the decode worker of w's tp rank
+        sends its PUSH_REG (NixlPushConnectorWorker.start_load_kv -> writer thread
+        `_send_registration_to_p`), it is delivered to rank w's agent, and rank w's writer
+        thread matches it with r's finished blocks and posts the WRITE
+        (`_handle_push_reg_notif` -> `_do_start_push_kv` -> `_xfer_blocks`)."""
+        if not self._can_push_write(r, w):
+            raise MissingAction(f"push_write({r}, {w}): not possible now")
+        api = self.c.api
+        rid = req_id(r)
+        params = self.params[r]
+        local_block = r  # decode blocks 1..N (0 is vLLM's null block)
+        t = self.c.consumer_of(w)
+        for cache in self.c.consumers_caches[t].values():
+            cache[local_block].zero_()
+        reg = self._push().registration(
+            rid,
+            local_block,
+            str(params["remote_engine_id"]),
+            int(params["remote_port"]),
+            self.row.topology.tp,
+        )
+        meta = api.NixlConnectorMetadata()
+        meta.push_registrations = {rid: reg}
+        cons = self.c.consumers[t]
+        cons.bind_connector_metadata(meta)
+        try:
+            cons.start_load_kv(None)
+        finally:
+            cons.clear_connector_metadata()
+        inbox = self.c.inboxes[w]
+        item = inbox.wait_arrived_where(
+            lambda m: m.startswith(PUSH_REG) and rid.encode() in m,
+            f"the PUSH_REG of {rid} at rank {w}",
+            self.waits,
+        )
+        inbox.deliver(item)
+        nw = self.c.nixl_worker(w)
+        nw._push_writer_wake.set()
+        self.waits.until(lambda: bool(write_handles(nw, rid)), f"rank {w}'s WRITE of {rid}")
+        remote_block = int(params["remote_block_ids"][0][0])
+        self.reads[(r, w)] = Read("inflight", local_block, remote_block)
+
+    def push_write_done(self, r: int, w: int) -> None:
+        """Spec `push_write_done(r, w)`: every WRITE handle of r on rank w is DONE; the
+        engine sees it at w's next get_transfer_results (`_pop_done_transfers`). The
+        bytes are checked in D's block first."""
+        if not self._can_push_write_done(r, w):
+            raise MissingAction(f"push_write_done({r}, {w}): no WRITE in flight")
+        rid = req_id(r)
+        rd = self.reads[(r, w)]
+        held = self._push().held[w]
+        handles = write_handles(self.c.nixl_worker(w), rid)
+
+        def done() -> bool:
+            states = [held.real_state(h) for h in handles]
+            if any(s not in ("DONE", "PROC") for s in states):
+                raise MissingAction(f"push_write_done({r}, {w}): the WRITE failed: {states}")
+            return all(s == "DONE" for s in states)
+
+        self.waits.until(done, f"rank {w}'s WRITE of {rid} to complete")
+        torch = self.c.api.torch
+        t = self.c.consumer_of(w)
+        for name, cache in self.c.consumers_caches[t].items():
+            if not torch.equal(cache[rd.local_block], self.c.caches[w][name][rd.remote_block]):
+                raise TransferCorrupted(f"req {r}: layer {name} differs after the WRITE")
+        held.release(handles)
+        rd.state = "done"
+
+    def _push_done_unread(self, w: int) -> frozenset[int]:
+        """Spec `notif[w]` in push mode: r's WRITEs on w are done (released) and vLLM has
+        not popped them yet (still in `_sending_transfers`)."""
+        if self.row.transfer != "push":
+            return frozenset()
+        nw = self.c.nixl_worker(w)
+        with nw._sending_transfers_lock:
+            posted = set(nw._sending_transfers)
+        return frozenset(
+            r
+            for (r, ww), rd in self.reads.items()
+            if ww == w and rd.state == "done" and req_id(r) in posted
+        )
