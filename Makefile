@@ -57,12 +57,14 @@ test: venv-vllm lint
 test-full:
 	$(MAKE) test VLLM_SAMPLE= PYTEST_MARK=
 
-# The design-review artifact: trace coverage, the mutation campaign, then `kvspec review`
+# The design-review artifact: trace coverage, the mutation campaign, the lease-clock sweep
+# (spec/LeaseClock.tla), then `kvspec review`
 # (full matrix + conformance on the installed vLLM) writes report/index.html + REPORT.md.
 review: venv-vllm
 	mkdir -p build
 	$(VENV)/bin/kvspec traces --check --json build/traces.json
 	$(VENV)/bin/kvspec mutants --json build/mutants.json
+	$(VENV)/bin/kvspec lease --json build/lease.json
 	$(VENV)/bin/kvspec review --out report/
 
 clean:

@@ -225,6 +225,7 @@ add_traces_parser = _stage_parser(
 )
 add_conform_parser = _stage_parser("conform", "replay traces on a driver: which variants conform")
 add_mutants_parser = _stage_parser("mutants", "mutation campaign against the installed vLLM")
+add_lease_parser = _stage_parser("lease", "the lease-clock sweep (spec/LeaseClock.tla)")
 
 
 PARSERS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
@@ -235,6 +236,7 @@ PARSERS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], No
     add_conform_parser,
     add_review_parser,
     add_mutants_parser,
+    add_lease_parser,
 ]
 
 

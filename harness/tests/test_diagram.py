@@ -272,15 +272,7 @@ def test_fresh_tlc_lasso_has_loop_and_stuck(tmp_path: Path) -> None:
     (tmp_path / "KVCompletion.tla").write_text(spec.read_text())
     cfg = tmp_path / "live.cfg"
     # The row's own cfg writer, so a new spec constant cannot leave this test behind.
-    row = ModelRow(
-        name="live",
-        variant="v0.30-shipped",
-        composition="nixl",
-        topology=Topology(1, 1, 2),
-        requests=1,
-        capacity=1,
-        async_scheduling=False,
-    )
+    row = ModelRow("live", "v0.30-shipped", "nixl", Topology(1, 1, 2), 1, 1, False)
     cfg.write_text(row.cfg_text([], ["DelayedEventuallyFreed"]))
     itf = tmp_path / "cex.itf.json"
     proc = subprocess.run(
