@@ -333,6 +333,11 @@ class VllmDriver(PushActions, Driver):
         NixlConnector.start_load_kv on metadata asking for r's block (a real NIXL READ)."""
         if not self._can_consumer_start_load_kv(r, w):
             raise MissingAction(f"consumer_start_load_kv({r}, {w}): not possible now")
+        self.post_read(r, w)
+
+    def post_read(self, r: int, w: int) -> None:
+        """The decode worker of w's tp rank posts a real NIXL READ of r's block (no spec
+        guard: the lease clock driver also reads blocks the producer already freed)."""
         api = self.c.api
         params = self.params[r]
         remote_block = int(params["remote_block_ids"][0][0])
@@ -357,6 +362,12 @@ class VllmDriver(PushActions, Driver):
         reports the READ done, and its notification is delivered to rank w's agent."""
         if not self._can_consumer_get_finished(r, w):
             raise MissingAction(f"consumer_get_finished({r}, {w}): no READ in flight")
+        self.await_read(r, w)
+        self.deliver_notif(r, w)
+
+    def await_read(self, r: int, w: int) -> None:
+        """The decode worker's get_transfer_results reports r's READ from w done; its
+        bytes equal the producer's block."""
         rd = self.reads[(r, w)]
         t = self.c.consumer_of(w)
         key = (t, req_id(r))
@@ -378,9 +389,13 @@ class VllmDriver(PushActions, Driver):
         for name, cache in self.c.consumers_caches[t].items():
             if not torch.equal(cache[rd.local_block], self.c.caches[w][name][rd.remote_block]):
                 raise TransferCorrupted(f"req {r}: layer {name} differs after the READ")
+
+    def deliver_notif(self, r: int, w: int) -> None:
+        """The READ's "r:1" notification, once arrived at rank w's agent, is delivered
+        (vLLM's _get_new_notifs reads it at w's next get_transfer_results)."""
         item = self.c.inboxes[w].wait_arrived(f"{req_id(r)}:1".encode(), self.waits)
         self.c.inboxes[w].deliver(item)
-        rd.state = "done"
+        self.reads[(r, w)].state = "done"
 
     def heartbeat(self, r: int) -> None:
         """Spec `heartbeat(r)`: every decode worker's NixlPullConnectorWorker._send_heartbeats

@@ -1,0 +1,78 @@
+"""Replay a LeaseClock trace (an ITF document: a TLC counterexample of `kvspec lease`) on
+the real classes through drivers.lease_driver, comparing after every step what the spec
+says with what vLLM's worker holds (p, ttl of a leased request, d). The spec's action
+labels carry no parameters; each step's request is read off the state change."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kvspec.drivers.base import MissingAction, WaitTimeout
+from kvspec.itf import JSON
+
+Observed = dict[int, tuple[str, int | None, str]]
+
+
+@dataclass(frozen=True)
+class LeaseReplay:
+    steps: int  # steps replayed and matched
+    divergence: str | None  # None: the real classes followed the whole trace
+    timeout: str | None = None  # a wait expired: inconclusive, never a verdict
+
+
+def expected(state: dict[str, Any]) -> Observed:
+    p, ttl, d = state["p"], state["ttl"], state["d"]
+    return {
+        r: (p[r - 1], ttl[r - 1] if p[r - 1] == "leased" else None, d[r - 1])
+        for r in range(1, len(p) + 1)
+    }
+
+
+def _changed(a: dict[str, Any], b: dict[str, Any], var: str) -> int:
+    diff = [i + 1 for i, (x, y) in enumerate(zip(a[var], b[var], strict=True)) if x != y]
+    if len(diff) != 1:
+        raise ValueError(f"{var} changed for {diff}, expected exactly one request")
+    return diff[0]
+
+
+def step_of(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
+    """(driver method, args) for the spec step a -> b."""
+    action = str(b["#meta"]["action"])
+    if action in ("start_read", "read_done", "abandon"):
+        return action, (_changed(a, b, "d"),)
+    if action == "deliver":
+        new = set(b["notif"]["#set"]) - set(a["notif"]["#set"])
+        return "deliver", (new.pop(),)
+    if action == "heartbeat":
+        if a["hs"] != b["hs"]:
+            return "skip", ()  # swallowed by the pending handshake: nothing is sent
+        return "heartbeat", (b["lost"] == a["lost"],)
+    if action in ("reap", "tick"):
+        return action, ()
+    raise ValueError(f"unknown LeaseClock action {action!r}")
+
+
+def replay_lease(doc: dict[str, JSON], driver: Any) -> LeaseReplay:
+    raw: Any = doc["states"]
+    states: list[dict[str, Any]] = list(raw)
+    check: Callable[[int], str | None] = lambda i: (  # noqa: E731
+        None
+        if driver.observe() == expected(states[i])
+        else f"step {i}: spec {expected(states[i])}, vLLM {driver.observe()}"
+    )
+    if (bad := check(0)) is not None:
+        return LeaseReplay(0, bad)
+    for i in range(1, len(states)):
+        name, args = step_of(states[i - 1], states[i])
+        try:
+            if name != "skip":
+                getattr(driver, name)(*args)
+        except MissingAction as exc:
+            return LeaseReplay(i - 1, f"step {i} ({name}{args}): vLLM cannot: {exc}")
+        except WaitTimeout as exc:
+            return LeaseReplay(i - 1, None, f"step {i} ({name}): {exc}")
+        if (bad := check(i)) is not None:
+            return LeaseReplay(i, bad)
+    return LeaseReplay(len(states) - 1, None)

@@ -1,0 +1,66 @@
+"""LeaseClock's counterexamples replayed on vLLM's real classes (drivers.lease_driver): the
+violations `kvspec lease` finds happen in the installed code, step for step, and the
+0.29/0.30 reaper's (#58222) is exactly what the early-break mutant brings back."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+pytest.importorskip("nixl")
+
+from kvspec.drivers.base import MissingAction  # noqa: E402
+from kvspec.drivers.lease_driver import LeaseDriver  # noqa: E402
+from kvspec.lease_replay import replay_lease  # noqa: E402
+from kvspec.mutations import Base, patched  # noqa: E402
+from kvspec.mutations.catalogue import MUTANTS  # noqa: E402
+
+REGRESSIONS = Path(__file__).resolve().parents[2] / "conformance" / "lease"
+FREE_UNDER_READ = sorted(REGRESSIONS.glob("*-NoFreeUnderRead.itf.json"))
+EARLY_BREAK = REGRESSIONS / "two-leases-early-break-ExpiredReapedAtOnce.itf.json"
+
+
+def _doc(path: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(path.read_text())
+    return doc
+
+
+def _reqs(doc: dict[str, Any]) -> int:
+    return len(doc["states"][0]["p"])
+
+
+@pytest.mark.parametrize("path", FREE_UNDER_READ, ids=lambda p: p.name.split("-NoFree")[0])
+def test_the_free_under_a_read_happens_in_vllm(path: Path) -> None:
+    doc = _doc(path)
+    with LeaseDriver(_reqs(doc)) as d:
+        res = replay_lease(doc, d)
+        assert res.timeout is None and res.divergence is None, res
+        # the last step: vLLM's worker reaped the lease while D still waits or reads
+        (p, _, dr) = d.observe()[1]
+        assert p == "freed" and dr in ("queued", "reading")
+
+
+def test_early_break_is_the_0_30_reaper_not_0_32s() -> None:
+    doc = _doc(EARLY_BREAK)
+    with LeaseDriver(_reqs(doc)) as d:  # 0.32 as installed: full scan
+        assert replay_lease(doc, d).divergence is None
+        d.reap()  # the spec's early-break cannot reap here; 0.32 does
+        assert "freed" in {p for p, _, _ in d.observe().values()}
+    with patched(Base("v0.30-shipped"), MUTANTS["reaper-early-break"].patch):
+        with LeaseDriver(_reqs(doc)) as d:
+            assert replay_lease(doc, d).divergence is None
+            with pytest.raises(MissingAction):
+                d.reap()  # stuck behind the live head, as the spec says
+
+
+def test_negative_control_a_wrong_ttl_diverges() -> None:
+    doc = copy.deepcopy(_doc(FREE_UNDER_READ[0]))
+    doc["states"][2]["ttl"] = [t + 1 for t in doc["states"][2]["ttl"]]
+    with LeaseDriver(_reqs(doc)) as d:
+        res = replay_lease(doc, d)
+    assert res.divergence is not None and res.divergence.startswith("step 2")
