@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kvspec.drivers.base import MissingAction, WaitTimeout
@@ -76,3 +77,42 @@ def replay_lease(doc: dict[str, JSON], driver: Any) -> LeaseReplay:
         if (bad := check(i)) is not None:
             return LeaseReplay(i, bad)
     return LeaseReplay(len(states) - 1, None)
+
+
+LEASE_REGRESSIONS = Path(__file__).resolve().parents[2] / "conformance" / "lease"
+
+
+@dataclass(frozen=True)
+class LeaseRun:
+    """The first lease regression that did not replay: its name, and either the step and
+    divergence, a crash of vLLM (detail), or an expired wait (inconclusive)."""
+
+    trace: str | None = None
+    step: int | None = None
+    divergence: str = ""
+    crash: str = ""
+    timeout: str = ""
+
+
+def run_lease_regressions(root: Path = LEASE_REGRESSIONS) -> LeaseRun:
+    """Replay every committed LeaseClock counterexample on the real classes (the mutation
+    campaign's last traces: mutants of the lease, heartbeat and reaper code)."""
+    import json
+
+    from kvspec.drivers.lease_driver import LeaseDriver
+
+    for path in sorted(root.glob("*.itf.json")):
+        doc = json.loads(path.read_text())
+        name = f"lease/{path.name.removesuffix('.itf.json')}"
+        try:
+            with LeaseDriver(len(doc["states"][0]["p"])) as d:
+                res = replay_lease(doc, d)
+        except WaitTimeout as exc:
+            return LeaseRun(name, timeout=str(exc))
+        except Exception as exc:  # a mutant that crashes vLLM
+            return LeaseRun(name, crash=f"{type(exc).__name__}: {exc}")
+        if res.timeout is not None:
+            return LeaseRun(name, timeout=res.timeout)
+        if res.divergence is not None:
+            return LeaseRun(name, res.steps, res.divergence)
+    return LeaseRun()

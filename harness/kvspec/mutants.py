@@ -3,8 +3,9 @@
 For each mutant (kvspec.mutations.catalogue), the campaign applies its base's impl patch,
 then the mutant, replays the extension traces (conformance/extensions.toml: multi-request
 and async-scheduling paths the one-request conformance traces cannot reach) and then the
-base variant's conformance traces on the vLLM driver, stops at the first divergence, and
-undoes both. A divergence or a crash of vLLM is a kill.
+base variant's conformance traces on the vLLM driver, then (on CPU) the LeaseClock
+counterexamples of conformance/lease/ on the lease driver, stops at the first divergence,
+and undoes both. A divergence or a crash of vLLM is a kill.
 
 `kvspec mutants [--json FILE] [--only NAME] [--device cpu|cuda]` runs the campaign.
 """
@@ -24,9 +25,10 @@ from typing import Any
 from kvspec.drivers.vllm_env import check_device, vllm_logs
 from kvspec.extensions import extension_traces
 from kvspec.itf import JSON
+from kvspec.lease_replay import run_lease_regressions
 from kvspec.mutations import Base, Mutant, patched
 from kvspec.mutations.catalogue import MUTANTS
-from kvspec.replay import SpecTrace, load_trace, replay
+from kvspec.replay import INCORRECT, SpecTrace, load_trace, replay
 from kvspec.traces import trace_files
 
 DRIVER_COMPOSITIONS = ("nixl", "multi-nixl-hf3fs", "multi-nixl-offload-upstream")
@@ -132,6 +134,16 @@ def run_mutant(
     # kills it), so they must not outlive it.
     with discard_built_inside(), patched(mutant.base, mutant.patch):
         name, div, crash = run_traces(traces, device)
+        if div is None and not crash and device == "cpu":
+            lease = run_lease_regressions()
+            if lease.trace is not None:
+                name = lease.trace
+                crash = lease.crash or (f"{INCONCLUSIVE}: {lease.timeout}" if lease.timeout else "")
+                if lease.divergence:
+                    secs = time.perf_counter() - t0
+                    return Outcome(
+                        mutant, True, name, lease.step, INCORRECT, secs, lease.divergence
+                    )
     secs = time.perf_counter() - t0
     if crash.startswith(INCONCLUSIVE):
         return Outcome(mutant, False, name, None, INCONCLUSIVE, secs, crash)

@@ -134,7 +134,11 @@ def test_unmutated_vllm_passes_the_extension_traces(base: Base) -> None:
 )
 def test_mutant_is_killed(name: str, trace_prefix: str, step: int | None) -> None:
     _vllm()
-    out = run_mutant(MUTANTS[name])
+    m = MUTANTS[name]
+    # Only the trace family that must kill it (the campaign's order is `make review`'s).
+    traces = [t for t in extension_traces(m.base.variant) if t.name.startswith(trace_prefix)]
+    assert traces, trace_prefix
+    out = run_mutant(m, traces=traces)
     assert out.killed, f"{name} survived"
     assert out.failure_class == INCORRECT
     assert out.trace is not None and out.trace.startswith(trace_prefix), out.trace
@@ -171,3 +175,13 @@ def test_a_wait_that_expired_is_inconclusive_not_a_kill_nor_a_survival(
     assert "did not happen" in out.detail
     monkeypatch.setattr(mutants, "run_traces", lambda ts, dev: ("m/003", None, "KeyError: 1"))
     assert run_mutant(mutant, traces=[]).killed
+
+
+@pytest.mark.vllm
+def test_lease_mutants_are_killed_by_the_lease_counterexamples() -> None:
+    """The campaign's last traces are LeaseClock's counterexamples on the lease driver: a
+    heartbeat that extends by the whole lease changes a ttl the spec predicts."""
+    _vllm()
+    out = run_mutant(MUTANTS["heartbeat-full-lease"], traces=[])
+    assert out.killed and out.failure_class == INCORRECT
+    assert out.trace is not None and out.trace.startswith("lease/"), out.trace

@@ -64,6 +64,13 @@ _ALL = [
         n.heartbeat_not_extending,
     ),
     _m(
+        "heartbeat-full-lease",
+        "a heartbeat extends the lease to now + kv_lease_duration, not 2/3 of it",
+        f"{BASE_WORKER}._handle_heartbeat",
+        "rule: extension = kv_lease_duration * 2 // 3 (base_worker.py:532)",
+        n.heartbeat_full_lease,
+    ),
+    _m(
         "notif-wrong-request",
         "a consumer notification is counted for the oldest tracked request, not its own",
         f"{PULL_WORKER}._get_new_notifs",
