@@ -10,22 +10,14 @@ from kvspec.drivers.reference import ReferenceDriver
 from kvspec.matrix import ModelRow, Topology
 from kvspec.model import Action
 from kvspec.tlcvalue import Fn, Record, Value
+from vllm_tests import PREFILL, require_vllm_driver
 
 pytestmark = pytest.mark.vllm
 
-try:
-    from kvspec.drivers import hf3fs_child, vllm_env
-    from kvspec.drivers.vllm_driver import VllmDriver
+require_vllm_driver()
 
-    vllm_env.vllm_api()
-    _SKIP = ""
-except Exception as exc:  # DriverUnavailable, ImportError
-    _SKIP = f"vLLM driver unavailable: {exc}"
-
-if _SKIP:
-    pytest.skip(_SKIP, allow_module_level=True)
-
-PREFILL = ("schedule", "execute_model", "update_from_output")
+from kvspec.drivers import hf3fs_child  # noqa: E402
+from kvspec.drivers.vllm_driver import VllmDriver  # noqa: E402
 
 
 def row(n: int = 1, cap: int = 1, pcp: int = 1, async_scheduling: bool = False) -> ModelRow:

@@ -19,21 +19,15 @@ from kvspec.drivers.base import Driver, MissingAction
 from kvspec.matrix import ModelRow, Topology
 from kvspec.model import Action
 from kvspec.tlcvalue import Fn, Record, Value
+from vllm_tests import PREFILL, require_vllm_driver
 
 pytestmark = pytest.mark.vllm
 
-try:
-    from kvspec.drivers import vllm_cluster, vllm_env
-    from kvspec.drivers.vllm_driver import VllmDriver
-    from kvspec.drivers.vllm_view import Step
+require_vllm_driver()
 
-    vllm_env.vllm_api()
-    _SKIP = ""
-except Exception as exc:  # DriverUnavailable, ImportError
-    _SKIP = f"vLLM driver unavailable: {exc}"
-
-if _SKIP:
-    pytest.skip(_SKIP, allow_module_level=True)
+from kvspec.drivers import vllm_cluster, vllm_env  # noqa: E402
+from kvspec.drivers.vllm_driver import VllmDriver  # noqa: E402
+from kvspec.drivers.vllm_view import Step  # noqa: E402
 
 
 def row(
@@ -75,7 +69,6 @@ def run(d: Driver, *actions: str) -> None:
         d.step(Action.parse(a))
 
 
-PREFILL = ("schedule", "execute_model", "update_from_output")
 
 
 @pytest.fixture

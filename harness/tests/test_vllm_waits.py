@@ -23,22 +23,14 @@ from kvspec.replay import (
     retry_timeouts,
     trace_from_actions,
 )
+from vllm_tests import PREFILL, require_vllm_driver
 
 pytestmark = pytest.mark.vllm
 
-try:
-    from kvspec.drivers import vllm_cluster, vllm_env
-    from kvspec.drivers.vllm_driver import VllmDriver
+require_vllm_driver()
 
-    vllm_env.vllm_api()
-    _SKIP = ""
-except Exception as exc:  # DriverUnavailable, ImportError
-    _SKIP = f"vLLM driver unavailable: {exc}"
-
-if _SKIP:
-    pytest.skip(_SKIP, allow_module_level=True)
-
-PREFILL = ("schedule", "execute_model", "update_from_output")
+from kvspec.drivers import vllm_cluster  # noqa: E402
+from kvspec.drivers.vllm_driver import VllmDriver  # noqa: E402
 
 
 def row() -> ModelRow:
