@@ -133,8 +133,16 @@ class LeaseResult:
     cex_steps: dict[str, int]
 
     @property
+    def inconclusive(self) -> list[str]:
+        """Properties TLC did not decide (timed out or failed): never a verdict."""
+        return [p for p, v in self.verdicts.items() if v not in VERDICTS]
+
+    @property
     def unexpected(self) -> list[str]:
-        return [p for p, v in self.row.expect.items() if self.verdicts.get(p) != v]
+        return [
+            p for p, v in self.row.expect.items()
+            if self.verdicts.get(p) != v and p not in self.inconclusive
+        ]  # fmt: skip
 
     def to_json(self) -> dict[str, JSON]:
         return {
@@ -145,6 +153,7 @@ class LeaseResult:
             "verdicts": dict(self.verdicts),
             "expect": dict(self.row.expect),
             "unexpected": list(self.unexpected),
+            "inconclusive": list(self.inconclusive),
             "distinct_states": self.states,
             "seconds": round(self.seconds, 2),
             "counterexample_steps": dict(self.cex_steps),
@@ -243,5 +252,10 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([r.to_json() for r in results], indent=1) + "\n")
     bad = [r.row.name for r in results if r.unexpected]
-    console.print(f"{len(results)} rows, {len(bad)} with an unexpected verdict", highlight=False)
-    return 1 if bad else 0
+    undecided = [r.row.name for r in results if r.inconclusive]
+    console.print(
+        f"{len(results)} rows, {len(bad)} with an unexpected verdict, "
+        f"{len(undecided)} inconclusive (TLC timed out or failed: rerun)",
+        highlight=False,
+    )
+    return 1 if bad or undecided else 0
