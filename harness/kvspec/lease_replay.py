@@ -5,7 +5,6 @@ labels carry no parameters; each step's request is read off the state change."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,11 +57,11 @@ def step_of(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, tuple[Any, ...]]
 def replay_lease(doc: dict[str, JSON], driver: Any) -> LeaseReplay:
     raw: Any = doc["states"]
     states: list[dict[str, Any]] = list(raw)
-    check: Callable[[int], str | None] = lambda i: (  # noqa: E731
-        None
-        if driver.observe() == expected(states[i])
-        else f"step {i}: spec {expected(states[i])}, vLLM {driver.observe()}"
-    )
+
+    def check(i: int) -> str | None:
+        got, want = driver.observe(), expected(states[i])
+        return None if got == want else f"step {i}: spec {want}, vLLM {got}"
+
     if (bad := check(0)) is not None:
         return LeaseReplay(0, bad)
     for i in range(1, len(states)):

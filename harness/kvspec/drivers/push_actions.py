@@ -3,8 +3,6 @@ NixlPushConnector; the cluster's push half is push_side.py."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from kvspec.drivers.base import MissingAction
 from kvspec.drivers.push_side import PushSide, write_handles
 from kvspec.drivers.vllm_inbox import Waits
@@ -20,7 +18,6 @@ class TransferCorrupted(AssertionError):
 
 class PushActions(VllmView):
     waits: Waits
-    params: dict[int, dict[str, Any]]
 
     def _push(self) -> PushSide:
         side = self.c.push
@@ -30,19 +27,10 @@ class PushActions(VllmView):
     def _can_push_write(self, r: int, w: int) -> bool:
         # KVCompletion.tla push_write: r is sending, w is a read source, no WRITE of r on
         # w yet, and r's lease is installed on w and live.
-        return (
-            self.row.transfer == "push"
-            and self._status(r) == "sending"
-            and r in self.params
-            and w in self._read_sources()
-            and (r, w) not in self.reads
-            and req_id(r) in self.c.nixl_worker(w)._reqs_to_send
-            and not self._expired(w, r)
-        )
+        return self._may_start_transfer(r, w, "push", set(self.c.nixl_worker(w)._reqs_to_send))
 
     def _can_push_write_done(self, r: int, w: int) -> bool:
-        rd = self.reads.get((r, w))
-        return self.row.transfer == "push" and rd is not None and rd.state == "inflight"
+        return self.row.transfer == "push" and self._in_flight(r, w)
 
     def push_write(self, r: int, w: int) -> None:
         """Spec `push_write(r, w)` (KVCompletion.tla): the decode worker of w's tp rank

@@ -174,19 +174,10 @@ class VllmDriver(PushActions, Driver):
         return not self.late_finish and self._status(r) in ("waiting", "running")
 
     def _can_consumer_start_load_kv(self, r: int, w: int) -> bool:
-        return (
-            self.row.transfer == "pull"
-            and self._status(r) == "sending"
-            and r in self.params
-            and w in self._read_sources()
-            and (r, w) not in self.reads
-            and req_id(r) in self.c.nixl_worker(w)._reqs_to_process
-            and not self._expired(w, r)
-        )
+        return self._may_start_transfer(r, w, "pull", self.c.nixl_worker(w)._reqs_to_process)
 
     def _can_consumer_get_finished(self, r: int, w: int) -> bool:
-        rd = self.reads.get((r, w))
-        return self.row.transfer == "pull" and rd is not None and rd.state == "inflight"
+        return self.row.transfer == "pull" and self._in_flight(r, w)
 
     def _can_heartbeat(self, r: int) -> bool:
         return (
@@ -201,10 +192,6 @@ class VllmDriver(PushActions, Driver):
             and not self._expired(w, r)
             and not self._in_flight(r, w)  # no READ (push: WRITE) in flight
         )
-
-    def _in_flight(self, r: int, w: int) -> bool:
-        rd = self.reads.get((r, w))
-        return rd is not None and rd.state == "inflight"
 
     def _can_store_complete(self, r: int, w: int) -> bool:
         # HF3FS: a save of r submitted on rank w whose Future is not done (held in the

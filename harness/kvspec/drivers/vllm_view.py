@@ -98,6 +98,7 @@ class VllmView:
     steps: deque[Step]
     reads: dict[tuple[int, int], Read]
     hb: set[int]
+    params: dict[int, dict[str, Any]]  # kv_transfer_params from request_finished
     emits: list[int]
     late_finish: bool
     jobmap: ov.JobMap  # offloading store job id -> request (offload composition)
@@ -138,6 +139,25 @@ class VllmView:
         if len(self.sched.requests) > 0:
             return True
         return self._offload() and bool(ov.scheduler_child(self.sched)._jobs)
+
+    def _may_start_transfer(self, r: int, w: int, transfer: str, tracked: set[str]) -> bool:
+        """The guard a READ (pull) and a WRITE (push) share: the row's transfer mode, r
+        sending with its kv_transfer_params, w a read source with no transfer of r yet, r
+        in w's `tracked` set (pull: _reqs_to_process; push: the lease, _reqs_to_send) and
+        its lease not expired."""
+        return (
+            self.row.transfer == transfer
+            and self._status(r) == "sending"
+            and r in self.params
+            and w in self._read_sources()
+            and (r, w) not in self.reads
+            and req_id(r) in tracked
+            and not self._expired(w, r)
+        )
+
+    def _in_flight(self, r: int, w: int) -> bool:
+        rd = self.reads.get((r, w))
+        return rd is not None and rd.state == "inflight"
 
     def _push_done_unread(self, w: int) -> frozenset[int]:
         return frozenset()  # push mode: push_actions.PushActions
