@@ -186,6 +186,15 @@ NoFreeUnderRead == \A r \in Reqs : p[r] = "freed" => d[r] \in {"notifying", "don
 (* #58222: a lease that has expired is reaped at P's next step.            *)
 ExpiredReapedAtOnce == \A r \in Reqs : (p[r] = "leased" /\ ttl[r] = 0) => Reapable(r)
 
+(* Vacuity guard (a row expects it violated): a heartbeat names a request *)
+(* P already reaped while D still waits for or reads it; _handle_heartbeat *)
+(* must ignore it (base_worker.py:3052, "if req_id in self._reqs_to_send"). *)
+(* Exact where MaxLost = 0 and DStall < Lease: then a heartbeat before the *)
+(* reap in the same tick would have re-armed ttl, so hbAge = 0 with ttl = 0 *)
+(* means the heartbeat came after it.                                      *)
+ReachLateHeartbeat ==
+    ~(\E r \in Reqs : p[r] = "freed" /\ ttl[r] = 0 /\ r \in Tracked /\ hbAge = 0 /\ lost = 0)
+
 (* Every request's blocks are freed on P and D is done with it.            *)
 EventuallyFreed == \A r \in Reqs : <>(p[r] = "freed" /\ d[r] = "done")
 =============================================================================

@@ -226,6 +226,7 @@ add_traces_parser = _stage_parser(
 add_conform_parser = _stage_parser("conform", "replay traces on a driver: which variants conform")
 add_mutants_parser = _stage_parser("mutants", "mutation campaign against the installed vLLM")
 add_lease_parser = _stage_parser("lease", "the lease-clock sweep (spec/LeaseClock.tla)")
+add_decode_parser = _stage_parser("decode", "the decode-side round trip (spec/Decode.tla)")
 
 
 PARSERS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
@@ -237,6 +238,7 @@ PARSERS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], No
     add_review_parser,
     add_mutants_parser,
     add_lease_parser,
+    add_decode_parser,
 ]
 
 

@@ -65,13 +65,13 @@ def test_tlc_verdicts_are_the_expected_ones(name: str, tmp_path: Path) -> None:
 def test_a_tlc_timeout_is_inconclusive_never_a_verdict(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kvspec import lease
+    from kvspec import sweep
     from kvspec.tlc import TLCResult
 
     def timed_out(*_a: object, **_k: object) -> TLCResult:  # a TLC that ran out of time
         return TLCResult("timeout", None, None, None, None, 300.0, None, tmp_path, None)
 
-    monkeypatch.setattr(lease, "run_tlc", timed_out)
+    monkeypatch.setattr(sweep, "run_tlc", timed_out)
     res = check_lease_row(ROWS["wait80s-3-lost"], tmp_path)
     assert set(res.verdicts.values()) == {"timeout"}
     assert res.unexpected == [] and sorted(res.inconclusive) == sorted(res.verdicts)

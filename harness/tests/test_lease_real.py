@@ -64,3 +64,21 @@ def test_negative_control_a_wrong_ttl_diverges() -> None:
     with LeaseDriver(_reqs(doc)) as d:
         res = replay_lease(doc, d)
     assert res.divergence is not None and res.divergence.startswith("step 2")
+
+
+LATE_HEARTBEAT = REGRESSIONS / "wait80s-d-late-15s-ReachLateHeartbeat.itf.json"
+
+
+def test_a_heartbeat_after_the_reap_is_ignored_and_the_mutant_reinstalls() -> None:
+    # The spec's heartbeat extends only leased requests (base_worker.py:3052): 0.32 ignores
+    # a heartbeat naming the reaped request; the mutant re-arms it (negative control).
+    doc = _doc(LATE_HEARTBEAT)
+    with LeaseDriver(_reqs(doc)) as d:
+        res = replay_lease(doc, d)
+        assert res.timeout is None and res.divergence is None, res
+        assert d.observe()[1][0] == "freed"
+    with patched(Base("v0.30-shipped"), MUTANTS["heartbeat-installs-lease"].patch):
+        with LeaseDriver(_reqs(doc)) as d:
+            res = replay_lease(doc, d)
+    last = len(doc["states"]) - 1
+    assert res.divergence is not None and res.divergence.startswith(f"step {last}")

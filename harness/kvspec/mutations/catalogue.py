@@ -71,6 +71,13 @@ _ALL = [
         n.heartbeat_full_lease,
     ),
     _m(
+        "heartbeat-installs-lease",
+        "a heartbeat for a request with no lease (already reaped or notified) installs one",
+        f"{BASE_WORKER}._handle_heartbeat",
+        "rule: a heartbeat only extends (base_worker.py:3052); #21570",
+        n.heartbeat_installs_lease,
+    ),
+    _m(
         "notif-wrong-request",
         "a consumer notification is counted for the oldest tracked request, not its own",
         f"{PULL_WORKER}._get_new_notifs",

