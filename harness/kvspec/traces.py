@@ -22,12 +22,12 @@ Where the files go and how they are pinned: kvspec.tracestore.
 from __future__ import annotations
 
 import json
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvspec.codec import from_values, to_itf
+from kvspec.cover import bfs_order, cover_edges
 from kvspec.itf import JSON, value_from_itf
 from kvspec.matrix import ModelRow
 from kvspec.model import Action, Model, State, initial_state, reachable
@@ -62,17 +62,6 @@ class ModelGraph:
         return [(s, a, t) for s in self.order for a, t in self.out[s]]
 
 
-def _bfs_order(init: State, out: dict[State, list[tuple[Action, State]]]) -> list[State]:
-    order = [init]
-    seen = {init}
-    for s in order:  # the list grows while we iterate: BFS
-        for _, t in out.get(s, []):
-            if t not in seen:
-                seen.add(t)
-                order.append(t)
-    return order
-
-
 def graph_from_tlc(row: ModelRow, g: StateGraph) -> ModelGraph:
     """TLC's graph with every edge's parameters recovered by the reference model."""
     model = Model(row)
@@ -97,7 +86,7 @@ def graph_from_tlc(row: ModelRow, g: StateGraph) -> ModelGraph:
             )
         out[src].add((hits[0], dst))
     ordered = {s: sorted(v, key=lambda at: at[0]) for s, v in out.items()}
-    order = _bfs_order(init, ordered)
+    order = bfs_order(init, ordered)
     return ModelGraph(row, init, order, {s: i for i, s in enumerate(order)}, ordered)
 
 
@@ -112,79 +101,16 @@ def _model_graph(row: ModelRow, states: list[State], edges: list[Edge]) -> Model
     out: dict[State, list[tuple[Action, State]]] = {s: [] for s in states}
     for s, a, t in edges:
         out[s].append((a, t))
-    order = _bfs_order(states[0], out)
+    order = bfs_order(states[0], out)
     return ModelGraph(row, states[0], order, {s: i for i, s in enumerate(order)}, out)
 
 
 # ---------------------------------------------------------------- selection
 
 
-def _bfs_paths(g: ModelGraph) -> dict[State, tuple[State, Action] | None]:
-    parent: dict[State, tuple[State, Action] | None] = {g.init: None}
-    q = deque([g.init])
-    while q:
-        s = q.popleft()
-        for a, t in g.out[s]:
-            if t not in parent:
-                parent[t] = (s, a)
-                q.append(t)
-    return parent
-
-
-def _path_to(parent: dict[State, tuple[State, Action] | None], s: State) -> list[Edge]:
-    path: list[Edge] = []
-    while (p := parent[s]) is not None:
-        path.append((p[0], p[1], s))
-        s = p[0]
-    return path[::-1]
-
-
-def _walk_to_uncovered(g: ModelGraph, start: State, uncovered: set[Edge]) -> list[Edge]:
-    """Shortest walk (<= HOP steps) from start to a state with an uncovered out-edge."""
-    prev: dict[State, Edge | None] = {start: None}
-    q = deque([(start, 0)])
-    while q:
-        s, d = q.popleft()
-        if d and any((s, a, t) in uncovered for a, t in g.out[s]):
-            walk: list[Edge] = []
-            while (e := prev[s]) is not None:
-                walk.append(e)
-                s = e[0]
-            return walk[::-1]
-        if d == HOP:
-            continue
-        for a, t in g.out[s]:
-            if t not in prev:
-                prev[t] = (s, a, t)
-                q.append((t, d + 1))
-    return []
-
-
 def select_traces(g: ModelGraph) -> list[list[Edge]]:
-    """Paths from init that together cover every edge, shortest first."""
-    parent = _bfs_paths(g)
-    edges = g.edges  # BFS order of source, then action
-    uncovered = set(edges)
-    traces: list[list[Edge]] = []
-    for e in edges:
-        if e not in uncovered:
-            continue
-        path = [*_path_to(parent, e[0]), e]
-        uncovered.difference_update(path)
-        cur = e[2]
-        while len(path) < MAX_LEN:
-            nxt = next(((cur, a, t) for a, t in g.out[cur] if (cur, a, t) in uncovered), None)
-            if nxt is not None:
-                step = [nxt]
-            else:
-                step = _walk_to_uncovered(g, cur, uncovered)
-                if not step or len(path) + len(step) >= MAX_LEN:
-                    break
-            path += step
-            uncovered.difference_update(step)
-            cur = path[-1][2]
-        traces.append(path)
-    return traces
+    """Paths from init that together cover every edge, shortest first (kvspec.cover)."""
+    return cover_edges(g.init, g.out, max_len=MAX_LEN, hop=HOP)
 
 
 # ---------------------------------------------------------------- ITF documents
