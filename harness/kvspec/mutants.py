@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvspec.decode_traces import DecodeRun, run_decode_regressions
 from kvspec.drivers.vllm_env import check_device, vllm_logs
 from kvspec.extensions import extension_traces
 from kvspec.itf import JSON
@@ -125,7 +126,7 @@ def run_mutant(
 ) -> Outcome:
     """Replay `traces` (default: base_traces of the mutant's base) under the mutant."""
     t0 = time.perf_counter()
-    if traces is None:
+    if traces is None and mutant.family != "decode":
         traces = base_traces(mutant.base.variant)[0]
     from kvspec.drivers.vllm_cluster import discard_built_inside
 
@@ -133,7 +134,9 @@ def run_mutant(
     # tested (pre-building every shape cost a minute per mutant even when the first trace
     # kills it), so they must not outlive it.
     with discard_built_inside(), patched(mutant.base, mutant.patch):
-        name, div, crash = run_traces(traces, device)
+        if mutant.family == "decode":
+            return _decode_outcome(mutant, run_decode_regressions(device), t0)
+        name, div, crash = run_traces(traces or [], device)
         if div is None and not crash and device == "cpu":
             lease = run_lease_regressions()
             if lease.trace is not None:
@@ -144,6 +147,10 @@ def run_mutant(
                     return Outcome(
                         mutant, True, name, lease.step, INCORRECT, secs, lease.divergence
                     )
+        if div is None and not crash:
+            dec = run_decode_regressions(device)
+            if dec.trace is not None:
+                return _decode_outcome(mutant, dec, t0)
     secs = time.perf_counter() - t0
     if crash.startswith(INCONCLUSIVE):
         return Outcome(mutant, False, name, None, INCONCLUSIVE, secs, crash)
@@ -152,6 +159,19 @@ def run_mutant(
     if div is None:
         return Outcome(mutant, False, None, None, None, secs)
     return Outcome(mutant, True, name, div.step, div.cls, secs, div.detail)
+
+
+def _decode_outcome(mutant: Mutant, dec: DecodeRun, t0: float) -> Outcome:
+    """The decode suite's verdict on `mutant`: a divergence or a crash kills it, a
+    timeout is inconclusive, a clean run is a survival."""
+    secs = time.perf_counter() - t0
+    if dec.divergence is not None:
+        return Outcome(mutant, True, dec.trace, dec.step, INCORRECT, secs, dec.divergence)
+    if dec.crash is not None:
+        return Outcome(mutant, True, dec.trace, None, "crash", secs, dec.crash)
+    if dec.timeout is not None:
+        return Outcome(mutant, False, dec.trace, None, INCONCLUSIVE, secs, dec.timeout)
+    return Outcome(mutant, False, None, None, None, secs)
 
 
 def unmutated(base: Base, device: str = "cpu") -> tuple[str | None, Any, str]:

@@ -46,6 +46,9 @@ class Mutant:
     # Set when no trace of the suite can kill it: why it is equivalent for this suite and
     # which spec/trace extension would kill it.
     equivalent_because: str | None = None
+    # The traces that measure it: "producer" (KVCompletion's, then LeaseClock's, then
+    # Decode's) or "decode" (Decode.tla's only: a decode-side bug).
+    family: str = "producer"
 
     @property
     def name(self) -> str:

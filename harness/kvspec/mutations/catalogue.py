@@ -7,6 +7,7 @@ from typing import Any
 
 from kvspec.drivers.patches import CONNECTOR, NIXL, Patch
 from kvspec.mutations import FIXED, SHIPPED, Base, Mutant
+from kvspec.mutations import decode as de
 from kvspec.mutations import engine as e
 from kvspec.mutations import nixl as n
 from kvspec.mutations import push as pu
@@ -30,8 +31,9 @@ def _m(
     make: Callable[[Any], Any],
     base: Base = SHIPPED,
     equivalent_because: str | None = None,
+    family: str = "producer",
 ) -> Mutant:
-    return Mutant(Patch(name, description, target, origin, make), base, equivalent_because)
+    return Mutant(Patch(name, description, target, origin, make), base, equivalent_because, family)
 
 
 _ALL = [
@@ -304,6 +306,30 @@ _ALL = [
             "finished_recving aggregation, the scheduler's assert) and a MultiConnector "
             "consumer in the driver"
         ),
+    ),
+    _m(
+        "decode-abort-frees-at-once",
+        "finish_requests frees an aborted WAITING_FOR_REMOTE_KVS request's blocks at once",
+        f"{SCHED}.finish_requests",
+        "#32255",
+        de.abort_frees_at_once,
+        family="decode",
+    ),
+    _m(
+        "decode-failure-only-logged",
+        "a failed READ is only logged: never in finished_recving or failed_recving",
+        f"{BASE_WORKER}.get_transfer_results",
+        "#35943",
+        de.failure_only_logged,
+        family="decode",
+    ),
+    _m(
+        "decode-recv-before-reads-end",
+        "a receive is reported done while one of its READs is still in progress",
+        f"{BASE_WORKER}._pop_done_transfers",
+        "rule: done once no handle is left (base_worker.py:3109-3113)",
+        de.recv_reported_before_reads_end,
+        family="decode",
     ),
 ]
 

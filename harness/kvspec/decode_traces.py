@@ -1,0 +1,224 @@
+"""Decode.tla's conformance traces and their replay on a driver.
+
+Traces: TLC dumps a row's whole state graph (`-dump dot,actionlabels`, kvspec.statgraph);
+every edge's action instance is recovered from the two states it joins (`action_of`: TLC
+2.15 labels an edge with the operator name only); kvspec.cover picks paths from the initial
+state that cover every edge. Deterministic: the graph is TLC's, the order is sorted.
+
+Replay (`replay`): each step's action runs on the driver, then the driver's observation
+(the spec's variables as vLLM holds them, `DecodeDriver.observe`) must equal the trace's
+state on every variable it observes. A WaitTimeout is inconclusive, never a verdict.
+
+Conformance rows: conformance/decode.toml (the decode-matrix schema).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvspec.cover import cover_edges
+from kvspec.decode import DECODE
+from kvspec.drivers.base import MissingAction, WaitTimeout
+from kvspec.statgraph import DotError, parse_dot
+from kvspec.sweep import SweepRow, load_sweep_matrix
+from kvspec.tlc import run_tlc
+from kvspec.tlcvalue import Fn, Record, Value
+
+REPO = Path(__file__).resolve().parents[2]
+CONFORM = REPO / "conformance" / "decode.toml"
+MAX_LEN = 40
+HOP = 4
+State = dict[str, Any]  # variable -> plain Python value (`plain`)
+Trace = list[tuple[str, State]]  # (action, state after it); the first action is "init"
+
+
+def plain(v: Value) -> Any:
+    """A TLC value as dicts, frozensets and scalars: sequences (TLC prints a function on
+    1..n as one) become dicts keyed 1..n, so they compare with the driver's maps."""
+    if isinstance(v, tuple):
+        return {i: plain(x) for i, x in enumerate(v, start=1)}
+    if isinstance(v, Fn):
+        return {k: plain(x) for k, x in v.pairs}
+    if isinstance(v, Record):
+        return {k: plain(x) for k, x in v.fields}
+    if isinstance(v, frozenset):
+        return frozenset(plain(x) for x in v)
+    return v
+
+
+def _changed(a: State, b: State, var: str) -> list[tuple[Any, ...]]:
+    """Index paths (up to three deep) where a[var] and b[var] differ."""
+    out: list[tuple[Any, ...]] = []
+
+    def walk(x: Any, y: Any, path: tuple[Any, ...]) -> None:
+        if isinstance(x, dict) and isinstance(y, dict) and x.keys() == y.keys():
+            for k in sorted(x):
+                walk(x[k], y[k], (*path, k))
+        elif isinstance(x, frozenset) and isinstance(y, frozenset):
+            out.extend((*path, e) for e in sorted(x ^ y))
+        elif x != y:
+            out.append(path)
+
+    walk(a[var], b[var], ())
+    return out
+
+
+def action_of(name: str, a: State, b: State) -> str:
+    """The action instance `name(...)` that takes state a to b."""
+    if name in ("schedule", "execute", "update"):
+        return name
+    if name in ("abort", "complete"):
+        (r,) = {p[0] for p in _changed(a, b, "st")}
+        return f"{name}({r})"
+    if name == "child_send_done":
+        ((r,),) = _changed(a, b, "sendDone")
+        return f"{name}({r})"
+    if name == "xfer_end":
+        ((w, r, p),) = _changed(a, b, "h")
+        return f"xfer_end({w}, {r}, {p}, {'TRUE' if b['h'][w][r][p] == 'done' else 'FALSE'})"
+    if name == "deliver":
+        ((p, r),) = _changed(a, b, "pin")
+        return f"deliver({p}, {r})"
+    if name == "lease_expire":
+        ((p, r),) = _changed(a, b, "pst")
+        return f"lease_expire({p}, {r})"
+    raise DotError(f"Decode.tla edge labelled {name!r}: unknown action")
+
+
+def conform_rows(path: Path = CONFORM) -> list[SweepRow]:
+    return load_sweep_matrix(DECODE, path)
+
+
+def generate(row: SweepRow, work: Path, timeout_s: float = 300) -> list[Trace]:
+    """Edge-covering traces of `row`'s whole graph (TLC's)."""
+    work.mkdir(parents=True, exist_ok=True)
+    spec = work / DECODE.spec.name
+    spec.write_text(DECODE.spec.read_text())
+    cfg = work / "Decode.cfg"
+    cfg.write_text(row.cfg_text([], []))
+    dot = work / "graph.dot"
+    res = run_tlc(spec, cfg, deadlock=False, dump_dot=dot, log_dir=work, timeout_s=timeout_s)
+    if res.verdict != "holds":
+        raise DotError(f"TLC on {row.name}: {res.verdict}: {res.error}; log {res.log_path}")
+    g = parse_dot(dot.read_text())
+    if len(g.initial) != 1:
+        raise DotError(f"{row.name}: {len(g.initial)} initial states, want 1")
+    states = {fp: {k: plain(v) for k, v in s.items()} for fp, s in g.states.items()}
+    out: dict[int, list[tuple[str, int]]] = {fp: [] for fp in states}
+    for src, name, dst in g.edges:
+        if src == dst:  # the end (Done or a crash) stutters: not a step
+            continue
+        out[src].append((action_of(name, states[src], states[dst]), dst))
+    for fp in out:
+        out[fp].sort(key=lambda at: (at[0], repr(sorted(states[at[1]].items(), key=str))))
+    (init,) = g.initial
+    paths = cover_edges(init, out, max_len=MAX_LEN, hop=HOP)
+    return [[("init", states[init]), *((a, states[t]) for _, a, t in p)] for p in paths]
+
+
+_CALL = re.compile(r"^(\w+)(?:\((.*)\))?$")
+
+
+def parse_action(text: str) -> tuple[str, list[Any]]:
+    m = _CALL.match(text)
+    if m is None:
+        raise ValueError(f"not an action: {text!r}")
+    args = [a.strip() for a in (m[2] or "").split(",") if a.strip()]
+    return m[1], [a == "TRUE" if a in ("TRUE", "FALSE") else int(a) for a in args]
+
+
+OBSERVED = ("st", "fRecv", "fFail", "crashed", "meta", "cleanup", "reg", "xf", "h", "out",
+            "outFail", "rem", "phase", "pst")  # fmt: skip
+
+
+def differences(seen: dict[str, object], want: State) -> list[str]:
+    """The observed variables whose values differ ("name: real != spec")."""
+    return [f"{v}: {seen[v]!r} != {want[v]!r}" for v in OBSERVED if seen[v] != want[v]]
+
+
+@dataclass
+class Replay:
+    steps: int  # steps that matched
+    divergence: str | None = None
+    timeout: str | None = None
+
+
+def replay(trace: Trace, driver: Any) -> Replay:
+    """Run `trace` on `driver` step by step; stop at the first divergence."""
+    diff = differences(driver.observe(), trace[0][1])
+    if diff:
+        return Replay(0, f"init: {'; '.join(diff)}")
+    for i, (act, want) in enumerate(trace[1:], start=1):
+        name, args = parse_action(act)
+        try:
+            getattr(driver, name)(*args)
+        except WaitTimeout as exc:
+            return Replay(i - 1, timeout=f"step {i} ({act}): {exc}")
+        except MissingAction as exc:
+            return Replay(i - 1, f"step {i} ({act}): missing action: {exc}")
+        diff = differences(driver.observe(), want)
+        if diff:
+            return Replay(i - 1, f"step {i} ({act}): {'; '.join(diff)}")
+    return Replay(len(trace) - 1)
+
+
+def replay_with_retry(trace: Trace, make: Callable[[], Any], tries: int = 2) -> Replay:
+    """A timed-out replay is retried on a fresh driver; still timed out: inconclusive."""
+    res = Replay(0, timeout="not run")
+    for _ in range(tries):
+        with make() as d:
+            res = replay(trace, d)
+        if res.timeout is None:
+            return res
+    return res
+
+
+@dataclass
+class DecodeRun:
+    """The decode suite under one vLLM (shipped or mutated): the first trace that did not
+    replay, and how (a divergence, a timeout: inconclusive, or a crash of vLLM)."""
+
+    trace: str | None = None
+    step: int | None = None
+    divergence: str | None = None
+    timeout: str | None = None
+    crash: str | None = None
+
+
+_GENERATED: dict[str, list[Trace]] = {}
+
+
+def suite(tier: str = "fast") -> list[tuple[str, SweepRow, Trace]]:
+    """(name, row, trace) for every conformance row of `tier` (fast: the fast rows only),
+    generated once per process under build/decode-traces/."""
+    out: list[tuple[str, SweepRow, Trace]] = []
+    for row in conform_rows():
+        if tier == "fast" and row.tier != "fast":
+            continue
+        if row.name not in _GENERATED:
+            _GENERATED[row.name] = generate(row, REPO / "build" / "decode-traces" / row.name)
+        out += [(f"{row.name}/{i:03d}", row, t) for i, t in enumerate(_GENERATED[row.name])]
+    return out
+
+
+def run_decode_regressions(device: str = "cpu") -> DecodeRun:
+    from kvspec.drivers.decode_driver import DecodeDriver
+
+    for name, row, trace in suite():
+
+        def make(row: SweepRow = row) -> Any:
+            return DecodeDriver(row, device)
+
+        try:
+            res = replay_with_retry(trace, make)
+        except Exception as exc:  # vLLM raised out of an action: a crash
+            return DecodeRun(name, crash=f"{type(exc).__name__}: {exc}")
+        if res.divergence is not None:
+            return DecodeRun(name, res.steps + 1, res.divergence)
+        if res.timeout is not None:
+            return DecodeRun(name, timeout=res.timeout)
+    return DecodeRun()

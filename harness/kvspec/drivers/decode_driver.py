@@ -1,0 +1,327 @@
+"""Decode.tla (spec/Decode.tla) on the real classes: a decode engine's `Scheduler` with the
+real NixlConnector scheduler side (kv_consumer, vLLM's default kv_load_failure_policy or
+the row's), its real decode workers posting real NIXL READs from a real producer, vLLM's
+`KVOutputAggregator`, and the producer ranks' real notification counting and reaper.
+
+Set-up (the spec's Init: the producer holds every request's blocks, D has not scheduled
+any): the vLLM driver's producer (`VllmDriver`, 0.32 as installed) prefills the requests,
+finishes them (kv_transfer_params) and installs their leases; D gets one request per spec
+request with those params (`do_remote_prefill`) and the same prompt.
+
+- `schedule`: D's `Scheduler.schedule()` (its connector builds reqs_to_recv);
+- `execute`: each D worker: bind -> `start_load_kv` -> `get_transfer_results` ->
+  `get_block_ids_with_load_errors` -> clear (kv_connector_model_runner_mixin.py:66-107);
+- `update`: `KVOutputAggregator.aggregate` over D's workers, D's `update_from_output`;
+- `abort(r)`, `complete(r)`: D's `finish_requests` with FINISHED_ABORTED,
+  FINISHED_LENGTH_CAPPED (the `_free_request` path a stop takes);
+- `xfer_end(w, r, p, ok)`: the READ's handle is released to vLLM in NIXL's real state
+  (DONE), or as `ERR` (ok = FALSE; its notification, which NIXL delivered anyway, is dropped
+  at P's agent: a failed READ sends none);
+- `deliver(p, r)`: the "r:n" that arrived at P rank p's agent goes to its `_get_new_notifs`;
+- `lease_expire(p, r)`: P rank p's deadline moves into the past; its
+  `_reap_expired_send_leases`.
+
+Only the model forward is replaced (a synthetic ModelRunnerOutput). A READ is held "in
+progress" by a seam on D's `check_xfer_state` (NIXL cannot hold a finished transfer), the
+one way to order READ completions as the spec does. Not driven: MLA and P TP != D TP (the
+cluster pairs each D rank with the P rank of its TP rank), full prefix hits (prefix caching
+is off in the fixture), the LMCache child (it needs its server) and the re-introduced bugs
+(mutants are applied to the real code instead).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvspec.drivers.base import MissingAction
+from kvspec.drivers.vllm_driver import VllmDriver
+from kvspec.drivers.vllm_env import BLOCK_SIZE, kv_cache_config, vllm_config
+from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
+from kvspec.drivers.vllm_view import req_id
+from kvspec.matrix import ModelRow, Topology
+from kvspec.sweep import SweepRow
+
+
+def dreq(r: int) -> str:
+    return f"dreq-{r}"
+
+
+class HeldReads:
+    """One decode worker's READ handles: "PROC" to vLLM until the spec ends them, then
+    NIXL's own state (ok) or "ERR" (a failed transfer)."""
+
+    def __init__(self, wrapper: Any) -> None:
+        self.wrapper = wrapper
+        self._real = wrapper.check_xfer_state
+        self._lock = threading.Lock()
+        self.ended: dict[int, bool] = {}  # handle -> ok
+        wrapper.check_xfer_state = self.check_xfer_state
+
+    def check_xfer_state(self, handle: int) -> str:
+        with self._lock:
+            ok = self.ended.get(handle)
+        if ok is None:
+            return "PROC"
+        return str(self._real(handle)) if ok else "ERR"
+
+    def real_state(self, handle: int) -> str:
+        return str(self._real(handle))
+
+    def end(self, handle: int, ok: bool) -> None:
+        with self._lock:
+            self.ended[handle] = ok
+
+    def restore(self) -> None:
+        with contextlib.suppress(AttributeError):
+            del self.wrapper.check_xfer_state
+
+
+@dataclass
+class DStep:
+    so: Any
+    outputs: list[Any] = field(default_factory=list)
+    ran: bool = False
+
+
+class DecodeDriver:
+    def __init__(self, row: SweepRow, device: str = "cpu", waits: Waits = DEFAULT_WAITS) -> None:
+        c = row.consts
+        if c["PTP"] != c["DTP"] or c["MLA"] or c["FullHit"] or c["Composition"] != "nixl":
+            raise MissingAction(f"{row.name}: the decode driver runs P TP = D TP, no MLA, "
+                                "no full hits, composition nixl")  # fmt: skip
+        if c["Bug"] != "none":
+            raise MissingAction(f"{row.name}: bugs are mutants of the real code here")
+        self.row, self.waits, self.N = row, waits, row.requests
+        self.T = int(c["DTP"])
+        prow = ModelRow(
+            name="decode-producer", variant="v0.30-shipped", composition="nixl",
+            topology=Topology(self.T, 1, 1), requests=self.N, capacity=self.N,
+            async_scheduling=False,
+        )  # fmt: skip
+        self.p = VllmDriver(prow, device=device, waits=waits)
+        self.held: list[HeldReads] = []
+        try:
+            self._prefill_on_producer()
+            self._build_decode(device, str(c["Policy"]))
+        except BaseException:
+            self.close()
+            raise
+        self.step: DStep | None = None
+        self.crashed = False
+        self.pst: dict[tuple[int, int], str] = {}  # (p, r) -> notified | expired
+        self.handles: dict[int, dict[int, tuple[int, int]]] = {t: {} for t in range(self.T)}
+        self.results: dict[int, tuple[int, bool]] = {}  # handle -> (w, ok) once ended
+
+    # ------------------------------------------------------------------ set-up
+    def _prefill_on_producer(self) -> None:
+        """P prefills, finishes (params) and installs every lease (two engine steps)."""
+        for _ in range(2):
+            self.p.schedule()
+            self.p.execute_model()
+            self.p.update_from_output()
+        for w in range(self.T):
+            missing = [r for r in range(1, self.N + 1)
+                       if req_id(r) not in self.p.c.nixl_worker(w)._reqs_to_send]  # fmt: skip
+            if missing:
+                raise MissingAction(f"producer rank {w} holds no lease for {missing}")
+
+    def _build_decode(self, device: str, policy: str) -> None:
+        c = self.p.c
+        api = c.api
+        d_engine = c.consumers[0].connector_worker.engine_id
+        # D's own block accounting: room for every request's prompt block plus the blocks
+        # its decode tokens take; READs land only in the first ones (checked in execute).
+        dcfg = vllm_config(
+            api, "kv_consumer", d_engine, "nixl", Topology(self.T, 1, 1), 4 * self.N + 1,
+            False, device,
+            disable_hma=bool(c.cfg.scheduler_config.disable_hybrid_kv_cache_manager),
+        )  # fmt: skip
+        dcfg.kv_transfer_config.kv_load_failure_policy = policy
+        dkc = kv_cache_config(api, dcfg)
+        self.d = api.Scheduler(
+            vllm_config=dcfg, kv_cache_config=dkc,
+            structured_output_manager=api.StructuredOutputManager(dcfg), block_size=BLOCK_SIZE,
+        )  # fmt: skip
+        self.agg = api.KVOutputAggregator.from_connector(self.d.connector, world_size=self.T)
+        hasher = api.get_request_block_hasher(
+            BLOCK_SIZE, api.get_hash_fn_by_name(dcfg.cache_config.prefix_caching_hash_algo)
+        )
+        for r in range(1, self.N + 1):
+            prompt = [(r * 31 + i) % 500 + 3 for i in range(BLOCK_SIZE)]  # P's (vllm_driver)
+            rq = api.Request(
+                request_id=dreq(r), prompt_token_ids=prompt,
+                sampling_params=api.SamplingParams(max_tokens=64), pooling_params=None,
+                block_hasher=hasher,
+            )  # fmt: skip
+            rq.kv_transfer_params = dict(self.p.params[r])
+            self.d.add_request(rq)
+        self.held = [HeldReads(cons.connector_worker.nixl_wrapper) for cons in c.consumers]
+
+    def close(self) -> None:
+        # The seams go first: the pooled cluster's reset then drains the READs a trace
+        # left in progress with NIXL's real states.
+        for h in self.held:
+            h.restore()
+        if getattr(self, "d", None) is not None:
+            with contextlib.suppress(Exception):
+                self.d.shutdown()
+        self.p.close()
+
+    def __enter__(self) -> DecodeDriver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ actions
+    def schedule(self) -> None:
+        """Decode.tla `schedule`: D's Scheduler.schedule (scheduler.py:899-1395)."""
+        if self.step is not None:
+            raise MissingAction("schedule: a step is in flight")
+        self.step = DStep(self.d.schedule())
+
+    def _run_worker(self, t: int, so: Any) -> Any:
+        api = self.p.c.api
+        cons = self.p.c.consumers[t]
+        cw = cons.connector_worker
+        before = {h for hs in cw._recving_transfers.values() for h in hs}
+        cons.bind_connector_metadata(so.kv_connector_metadata)
+        try:
+            cons.start_load_kv(None)
+            for rid, hs in cw._recving_transfers.items():
+                for hd in hs:
+                    if hd not in before:
+                        self.handles[t][hd] = (int(rid.split("-")[1]), t)
+            res = cons.get_transfer_results(so.finished_req_ids)
+            invalid = cons.get_block_ids_with_load_errors()
+        finally:
+            cons.clear_connector_metadata()
+        ids = list(so.num_scheduled_tokens)
+        return api.ModelRunnerOutput(
+            req_ids=ids,
+            req_id_to_index={rid: i for i, rid in enumerate(ids)},
+            sampled_token_ids=[[7] for _ in ids],
+            kv_connector_output=api.KVConnectorOutput(
+                finished_recving=set(res.finished_recving) or None,
+                failed_recving=set(res.failed_recving),
+                invalid_block_ids=set(invalid),
+            ),
+        )
+
+    def execute(self) -> None:
+        """Decode.tla `execute`: every D worker's step on the scheduled metadata."""
+        if self.step is None or self.step.ran:
+            raise MissingAction("execute: no scheduled step")
+        self.step.outputs = [self._run_worker(t, self.step.so) for t in range(self.T)]
+        self.step.ran = True
+
+    def update(self) -> None:
+        """Decode.tla `update`: aggregate, then D's update_from_output (an assertion in
+        _update_from_kv_xfer_finished is the spec's crash)."""
+        if self.step is None or not self.step.ran:
+            raise MissingAction("update: no executed step")
+        st, self.step = self.step, None
+        out = self.agg.aggregate(st.outputs)
+        try:
+            self.d.update_from_output(st.so, out)
+        except AssertionError:
+            self.crashed = True
+
+    def abort(self, r: int) -> None:
+        self.d.finish_requests(dreq(r), self.p.c.api.RequestStatus.FINISHED_ABORTED)
+
+    def complete(self, r: int) -> None:
+        self.d.finish_requests(dreq(r), self.p.c.api.RequestStatus.FINISHED_LENGTH_CAPPED)
+
+    def xfer_end(self, w: int, r: int, p: int, ok: bool) -> None:
+        """The READ of r by D rank w from P rank p ends (NIXL's own completion first)."""
+        hd = next((h for h, (rr, pp) in self.handles[w].items() if (rr, pp) == (r, p)
+                   and h not in self.results), None)  # fmt: skip
+        if hd is None:
+            raise MissingAction(f"xfer_end({w}, {r}, {p}): no READ in progress")
+        held = self.held[w]
+        self.waits.until(lambda: held.real_state(hd) == "DONE", f"the READ of {dreq(r)}")
+        held.end(hd, ok)
+        self.results[hd] = (w, ok)
+        if not ok:  # NIXL delivered its notification anyway: a failed READ sends none
+            self.p.c.inboxes[p].wait_arrived(f"{req_id(r)}:1".encode(), self.waits)
+
+    def deliver(self, p: int, r: int) -> None:
+        inbox = self.p.c.inboxes[p]
+        inbox.deliver(inbox.wait_arrived(f"{req_id(r)}:1".encode(), self.waits))
+        done = self.p.c.nixl_worker(p)._get_new_notifs()
+        if req_id(r) in done:
+            self.pst[(p, r)] = "notified"
+
+    def lease_expire(self, p: int, r: int) -> None:
+        nw = self.p.c.nixl_worker(p)
+        if req_id(r) not in nw._reqs_to_send:
+            raise MissingAction(f"lease_expire({p}, {r}): no lease")
+        nw._reqs_to_send[req_id(r)] = time.perf_counter() - 1.0
+        done: set[str] = set()
+        nw._reap_expired_send_leases(done)
+        if req_id(r) in done:
+            self.pst[(p, r)] = "expired"
+
+    # ------------------------------------------------------------------ observe
+    def _status(self, r: int) -> str:
+        rq = self.d.requests.get(dreq(r))
+        if rq is None:
+            return "gone"
+        rs = self.p.c.api.RequestStatus
+        if rs.is_finished(rq.status):
+            return "fin"
+        if rq.status == rs.WAITING_FOR_REMOTE_KVS:
+            return "wfrk"
+        if rq.status == rs.RUNNING:
+            return "running"
+        return "new" if (rq.kv_transfer_params or {}).get("do_remote_prefill") else "waiting"
+
+    def _h(self, w: int, r: int, p: int) -> str:
+        cw = self.p.c.consumers[w].connector_worker
+        for hd in cw._recving_transfers.get(dreq(r), []):
+            if self.handles[w].get(hd) == (r, p):
+                res = self.results.get(hd)
+                return "proc" if res is None else ("done" if res[1] else "err")
+        return "none"
+
+    def observe(self) -> dict[str, object]:
+        """The spec's variables as vLLM holds them (Decode.tla names; r, w, p as in the
+        spec). Not observed: pin and failed (in flight / history, not state), echo,
+        sendPend and sendDone (composition nixl: always empty)."""
+        reqs = range(1, self.N + 1)
+        ranks = range(self.T)
+
+        def rs(ids: object) -> frozenset[int]:
+            return frozenset(int(str(x).split("-")[1]) for x in ids)  # type: ignore[attr-defined]
+
+        sched = self.d.connector.connector_scheduler
+        step = self.step
+        meta = step.so.kv_connector_metadata.reqs_to_recv if step and not step.ran else {}
+        outs = step.outputs if step and step.ran else []
+        kv = [o.kv_connector_output for o in outs]
+        p_held = {(p, r): req_id(r) in self.p.c.nixl_worker(p)._reqs_to_send for p in ranks
+                  for r in reqs}  # fmt: skip
+        return {
+            "st": {r: self._status(r) for r in reqs},
+            "fRecv": rs(self.d.finished_recving_kv_req_ids),
+            "fFail": rs(self.d.failed_recving_kv_req_ids),
+            "crashed": self.crashed,
+            "meta": {int(k.split("-")[1]): bool(m.awaiting_kvs) for k, m in meta.items()},
+            "cleanup": rs(sched._reqs_need_recv),
+            "reg": {w: rs(self.p.c.consumers[w].connector_worker._recving_metadata)
+                    for w in ranks},  # fmt: skip
+            "xf": {w: rs(self.p.c.consumers[w].connector_worker._recving_transfers)
+                   for w in ranks},  # fmt: skip
+            "h": {w: {r: {p: self._h(w, r, p) for p in ranks} for r in reqs} for w in ranks},
+            "out": {w: rs(kv[w].finished_recving or ()) if kv else frozenset() for w in ranks},
+            "outFail": {w: rs(kv[w].failed_recving or ()) if kv else frozenset() for w in ranks},
+            "rem": {r: self.agg._recv_remaining_count.get(dreq(r), 0) for r in reqs},
+            "phase": "schedule" if step is None else ("update" if step.ran else "execute"),
+            "pst": {p: {r: "held" if p_held[(p, r)] else self.pst.get((p, r), "?")
+                        for r in reqs} for p in ranks},  # fmt: skip
+        }

@@ -1,0 +1,46 @@
+"""Mutated decode-side code (0.32.0): the bugs of the decode side's history re-introduced in
+memory, each a function taking the original attribute and returning its replacement
+(`Patch.make`). The decode conformance traces (kvspec.decode_traces) must kill them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def abort_frees_at_once(orig: Any) -> Any:
+    # #32255: finish_requests frees a WAITING_FOR_REMOTE_KVS request's blocks at once,
+    # under the READ still writing into them (scheduler.py:2701-2707 keeps them).
+    def finish(self: Any, request_ids: Any, finished_status: Any) -> Any:
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        for rid in ids:
+            rq = self.requests.get(rid)
+            if rq is not None and rq.status == type(rq.status).WAITING_FOR_REMOTE_KVS:
+                # "the receive already finished": finish_requests then frees at once
+                self.finished_recving_kv_req_ids.add(rid)
+        return orig(self, request_ids, finished_status)
+
+    return finish
+
+
+def failure_only_logged(orig: Any) -> Any:
+    # #35943: a failed READ is only logged; the request is never reported received, so it
+    # stays in WAITING_FOR_REMOTE_KVS (base_worker.py:2883-2919 reports it in both sets).
+    def results(self: Any) -> Any:
+        res = orig(self)
+        failed = set(res.failed_recving)
+        res.finished_recving = set(res.finished_recving) - failed
+        res.failed_recving = set()
+        return res
+
+    return results
+
+
+def recv_reported_before_reads_end(orig: Any) -> Any:
+    # A receive reported done while one of its READs is still in progress (the rule
+    # base_worker.py:3109-3113 encodes: done only once no handle is left).
+    def pop(self: Any, transfers: dict[str, list[int]]) -> tuple[set[str], set[str]]:
+        done, failed = orig(self, transfers)
+        early = {rid for rid, hs in transfers.items() if hs}
+        return done | early, failed
+
+    return pop
