@@ -58,13 +58,16 @@ test-full:
 	$(MAKE) test VLLM_SAMPLE= PYTEST_MARK=
 
 # The design-review artifact: trace coverage, the mutation campaign, the lease-clock sweep
-# (spec/LeaseClock.tla), then `kvspec review`
+# (spec/LeaseClock.tla), the decode side's sweep and its conformance (spec/Decode.tla), then
+# `kvspec review`
 # (full matrix + conformance on the installed vLLM) writes report/index.html + REPORT.md.
 review: venv-vllm
 	mkdir -p build
 	$(VENV)/bin/kvspec traces --check --json build/traces.json
 	$(VENV)/bin/kvspec mutants --json build/mutants.json
 	$(VENV)/bin/kvspec lease --json build/lease.json
+	$(VENV)/bin/kvspec decode --json build/decode.json
+	$(VENV)/bin/kvspec decode --conform --tier full
 	$(VENV)/bin/kvspec review --out report/
 
 clean:

@@ -6,6 +6,10 @@ liveness properties (a second run); the machinery is kvspec.sweep's.
 
 `kvspec decode [--tier fast|full] [--only NAME] [--json F] [--out DIR]`; exit 1 when a
 verdict differs from its expectation or TLC did not decide it, 2 on a bad matrix.
+`kvspec decode --conform [--tier fast|full]` replays the traces of conformance/decode.toml
+on the installed vLLM's decode engine (kvspec.decode_traces): which decode-side design it
+implements (0.32's as shipped, or a divergence named by trace and step); vLLM's logs go to
+build/logs/.
 """
 
 from __future__ import annotations
@@ -46,7 +50,43 @@ DECODE = Sweep(
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_sweep_arguments(DECODE, p)
+    what = "replay conformance/decode.toml's traces on the installed vLLM"
+    p.add_argument("--conform", action="store_true", help=what)
+    p.add_argument("--verbose", action="store_true", help="leave vLLM's logs on the terminal")
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_sweep(DECODE, args)
+    return conform(args) if args.conform else run_sweep(DECODE, args)
+
+
+def conform(args: argparse.Namespace) -> int:
+    """Every conformance trace of the tier on the installed vLLM; exit 1 on a divergence
+    or an inconclusive trace (timed out twice), 0 when all conform."""
+    from collections import Counter
+
+    from kvspec.decode_traces import replay_with_retry, suite
+    from kvspec.drivers.decode_driver import DecodeDriver
+    from kvspec.drivers.vllm_env import vllm_logs
+
+    counts: Counter[tuple[str, str]] = Counter()
+    first: dict[str, str] = {}
+    with vllm_logs("decode", args.verbose) as log:
+        if log is not None:
+            print(f"vLLM's log: {log}")
+        for name, row, trace in suite(args.tier):
+            res = replay_with_retry(trace, lambda row=row: DecodeDriver(row))  # type: ignore[misc]
+            verdict = ("diverges" if res.divergence else
+                       "inconclusive" if res.timeout else "conforms")  # fmt: skip
+            counts[(row.name, verdict)] += 1
+            if verdict != "conforms" and row.name not in first:
+                first[row.name] = f"{name}: {res.divergence or res.timeout}"
+    rows = sorted({r for r, _ in counts})
+    for r in rows:
+        n = {v: counts[(r, v)] for v in ("conforms", "diverges", "inconclusive")}
+        tail = f"; first: {first[r]}" if r in first else ""
+        print(f"{r}: {n['conforms']}/{sum(n.values())} conform, {n['diverges']} diverge, "
+              f"{n['inconclusive']} inconclusive{tail}")  # fmt: skip
+    bad = sum(counts[(r, v)] for r in rows for v in ("diverges", "inconclusive"))
+    print("the installed vLLM's decode side conforms to Decode.tla (0.32 as shipped)"
+          if not bad else f"{bad} traces did not conform (see above)")  # fmt: skip
+    return 1 if bad else 0
