@@ -174,6 +174,10 @@ def add_review_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--device", default="cpu", help="conformance device: cpu or cuda")
     p.add_argument("--traces-json", type=Path, default=Path("build/traces.json"))
     p.add_argument("--mutants-json", type=Path, default=Path("build/mutants.json"))
+    p.add_argument("--lease-json", type=Path, default=Path("build/lease.json"))
+    p.add_argument("--decode-json", type=Path, default=Path("build/decode.json"))
+    p.add_argument("--decode-dir", type=Path, default=Path("build/decode"),
+                   help="kvspec decode --out: its counterexamples")  # fmt: skip
     p.add_argument(
         "--verbose", action="store_true", help="vLLM's log on the terminal, not build/logs/"
     )

@@ -319,8 +319,10 @@ def build_report(
     mutants: dict[str, Any] | None,
     versions: dict[str, str],
     out: Path,
+    sweeps: dict[str, Any] | None = None,
 ) -> None:
-    """Write ``out/index.html`` and ``out/REPORT.md`` from the stages' JSON results."""
+    """Write ``out/index.html`` and ``out/REPORT.md`` from the stages' JSON results
+    (`sweeps`: kvspec.report_sweeps.sweeps_context, the lease and decode sweeps)."""
     ctx: dict[str, Any] = _check_context(check)
     vers = dict(versions)
     if check.get("tlc") and "TLC" not in vers:
@@ -331,6 +333,7 @@ def build_report(
         conform=_conform_context(conform),
         traces=_traces_context(traces),
         mutants=_mutants_context(mutants),
+        sweeps=sweeps or {"lease": {"rows": None}, "decode": {"rows": None, "cexes": []}},
         versions=vers,
         commands=COMMANDS,
         generated=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),

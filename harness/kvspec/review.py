@@ -129,7 +129,10 @@ def run_review(args: argparse.Namespace) -> int:
     versions = collect_versions(check.get("tlc"))
     if conform and conform.get("vllm"):
         versions["vLLM"] = str(conform["vllm"])
-    build_report(check, conform, traces, mutants, versions, args.out)
+    from kvspec.report_sweeps import sweeps_context
+
+    sweeps = sweeps_context(args.lease_json, args.decode_json, args.decode_dir)
+    build_report(check, conform, traces, mutants, versions, args.out, sweeps)
     results = check.get("results") or []
     bad = [r for r in results if r.get("verdict") != r.get("expected")]
     errors = [r for r in results if r.get("verdict") in ("error", "timeout")]

@@ -1,0 +1,97 @@
+"""The report's sweep sections: `kvspec lease` and `kvspec decode` results (their JSON) and
+the decode side's counterexamples drawn as a round trip, one lane per engine part: D's
+scheduler, D's workers, the producer ranks (the ITF files `kvspec decode` keeps under its
+--out directory)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kvspec.decode_traces import plain
+from kvspec.itf import value_from_itf
+
+# Decode.tla variables per lane, in the order they are shown.
+LANES = {
+    "D scheduler": ("st", "fRecv", "fFail", "sendPend", "crashed"),
+    "D workers": ("reg", "xf", "h", "out", "outFail"),
+    "producer ranks": ("pin", "pst"),
+}
+_EMPTY = ("{}", "frozenset()", "False", "0", "'none'")
+
+
+def _short(v: Any) -> str:
+    """A compact text for a plain value: sets as {..}, maps as k:v, empty parts dropped."""
+    if isinstance(v, dict):
+        parts = [f"{k}:{_short(x)}" for k, x in sorted(v.items(), key=str)]
+        return "[" + " ".join(p for p in parts if not p.endswith(_EMPTY)) + "]"
+    if isinstance(v, frozenset):
+        return "{" + ",".join(sorted(map(str, v))) + "}"
+    return str(v)
+
+
+def _lane(state: Mapping[str, Any], prev: Mapping[str, Any] | None, names: tuple[str, ...]) -> str:
+    """The lane's variables that changed since the previous state (all at step 0)."""
+    shown = [n for n in names if n in state and (prev is None or state[n] != prev.get(n))]
+    return "; ".join(f"{n} {_short(state[n])}" for n in shown) or "-"
+
+
+def decode_lanes(doc: Mapping[str, Any]) -> list[dict[str, str]]:
+    """One row per step of a Decode.tla ITF trace: the action and each lane's changes."""
+    rows: list[dict[str, str]] = []
+    prev: dict[str, Any] | None = None
+    for i, st in enumerate(doc.get("states", [])):
+        state = {k: plain(value_from_itf(v)) for k, v in st.items() if k != "#meta"}
+        action = str(st.get("#meta", {}).get("action", "init" if i == 0 else "?"))
+        row = {"step": str(i), "action": "init" if i == 0 else action}
+        row.update({lane: _lane(state, prev, names) for lane, names in LANES.items()})
+        rows.append(row)
+        prev = state
+    return rows
+
+
+def _rows(data: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": r["name"],
+            "constants": ", ".join(f"{k}={v}" for k, v in dict(r.get("constants", {})).items()),
+            "requests": r.get("requests", 1),
+            "verdicts": dict(r.get("verdicts", {})),
+            "unexpected": list(r.get("unexpected", [])),
+            "inconclusive": list(r.get("inconclusive", [])),
+        }
+        for r in data
+    ]
+
+
+def _load(path: Path) -> list[Mapping[str, Any]] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, list) else None
+
+
+def sweeps_context(lease_json: Path, decode_json: Path, decode_dir: Path) -> dict[str, Any]:
+    """{lease, decode}: rows (None when that sweep's JSON is missing) and, for decode, each
+    violated invariant's counterexample as lanes."""
+    out: dict[str, Any] = {}
+    for name, path in (("lease", lease_json), ("decode", decode_json)):
+        data = _load(path)
+        out[name] = {
+            "rows": None if data is None else _rows(data),
+            "properties": sorted({p for r in data or [] for p in r.get("verdicts", {})}),
+            "json": str(path),
+        }
+    cexes = []
+    for r in _load(decode_json) or []:
+        for prop, verdict in sorted(dict(r.get("verdicts", {})).items()):
+            f = decode_dir / str(r["name"]) / f"{prop}.itf.json"
+            if verdict == "violated" and not prop.startswith("Reach") and f.is_file():
+                steps = decode_lanes(json.loads(f.read_text()))
+                cexes.append({"row": r["name"], "property": prop, "steps": steps})
+    out["decode"]["cexes"] = cexes
+    out["lanes"] = list(LANES)
+    return out

@@ -1,0 +1,53 @@
+"""The report's lease / decode sections: rows from the sweeps' JSON, the decode side's
+counterexamples as one lane per engine part, and a missing sweep reported as not run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kvspec.report import build_report
+from kvspec.report_sweeps import decode_lanes, sweeps_context
+
+ROW = {
+    "name": "p1-d1-lmcache",
+    "constants": {"DTP": 1, "Composition": "multi-nixl-lmcache"},
+    "requests": 1,
+    "verdicts": {"DNoFreeUnderRead": "violated", "NoAssertCrash": "holds"},
+    "unexpected": ["NoAssertCrash"],
+    "inconclusive": [],
+}
+EMPTY = {"#set": []}
+H = {"#map": [[0, [{"#map": [[0, "none"]]}]]]}
+H_PROC = {"#map": [[0, [{"#map": [[0, "proc"]]}]]]}
+
+
+def _state(action: str, st: str, h: dict[str, object]) -> dict[str, object]:
+    return {"#meta": {"action": action}, "st": [st], "fRecv": EMPTY, "h": h,
+            "pst": {"#map": [[0, ["held"]]]}}  # fmt: skip
+
+
+DOC = {"states": [_state("init", "new", H), _state("schedule", "wfrk", H),
+                  _state("execute", "wfrk", H_PROC)]}  # fmt: skip
+
+
+def test_lanes_show_what_each_part_changed() -> None:
+    rows = decode_lanes(DOC)
+    assert [r["action"] for r in rows] == ["init", "schedule", "execute"]
+    assert rows[1]["D scheduler"] == "st [1:wfrk]" and rows[1]["D workers"] == "-"
+    assert "proc" in rows[2]["D workers"] and rows[2]["D scheduler"] == "-"
+
+
+def test_sections_render_rows_counterexamples_and_not_run(tmp_path: Path) -> None:
+    (tmp_path / "decode.json").write_text(json.dumps([ROW]))
+    cex = tmp_path / "decode" / "p1-d1-lmcache" / "DNoFreeUnderRead.itf.json"
+    cex.parent.mkdir(parents=True)
+    cex.write_text(json.dumps(DOC))
+    sw = sweeps_context(tmp_path / "missing.json", tmp_path / "decode.json", tmp_path / "decode")
+    assert sw["lease"]["rows"] is None and len(sw["decode"]["cexes"]) == 1
+    build_report({"tlc": "x", "results": []}, None, None, None, {}, tmp_path / "r", sw)
+    md = (tmp_path / "r" / "REPORT.md").read_text()
+    assert "Not run: no lease results" in md
+    assert "**holds (unexpected)**" in md
+    assert "#### p1-d1-lmcache: DNoFreeUnderRead violated (round trip)" in md
+    assert "p1-d1-lmcache: DNoFreeUnderRead violated" in (tmp_path / "r" / "index.html").read_text()
