@@ -11,11 +11,13 @@
 (* One engine step is three atomic actions, as in KVCompletion.tla:        *)
 (* schedule (promotions, admissions, build_connector_meta), execute (every *)
 (* decode worker: start_load_kv then get_transfer_results), update         *)
-(* (KVOutputAggregator then update_from_output).  Steps are synchronous    *)
-(* (one in flight).  Producer ranks are reduced to what D's completion     *)
-(* touches: blocks held until n notifications or the lease.                *)
+(* (KVOutputAggregator then update_from_output).  With async scheduling    *)
+(* (vLLM's default) two steps are in flight: step k+1 is scheduled before  *)
+(* step k's output is applied (v1/engine/core.py:step_with_batch_queue,    *)
+(* max_concurrent_batches = 2).  Producer ranks are reduced to what D's    *)
+(* completion touches: blocks held until n notifications or the lease.    *)
 (***************************************************************************)
-EXTENDS Naturals, FiniteSets
+EXTENDS Naturals, FiniteSets, Sequences
 
 CONSTANTS
     Reqs,         \* decode requests with do_remote_prefill
@@ -27,6 +29,7 @@ CONSTANTS
     FullHit,      \* a request may be a full local prefix hit (nothing to read)
     Abort,        \* clients may abort
     Composition,  \* "nixl" | "multi-nixl-lmcache": MultiConnector(NIXL, LMCacheMP)
+    AsyncScheduling, \* D's async scheduling (two steps in flight)
     Bug           \* "none" (0.32 as shipped) or a bug of the history re-introduced
 
 Bugs == {"none", "abort-frees-at-once", "full-hit-registered", "failure-only-logged",
@@ -37,6 +40,7 @@ ASSUME
     /\ Policy \in {"fail", "recompute"}
     /\ Composition \in {"nixl", "multi-nixl-lmcache"}
     /\ Bug \in Bugs
+    /\ AsyncScheduling \in BOOLEAN
 
 DRanks == 0 .. (DTP - 1)
 PRanks == 0 .. (PTP - 1)
@@ -65,25 +69,27 @@ VARIABLES
     sendPend,  \* the LMCache child delayed r's free (a pending send)
     sendDone,  \* ... and its store is done: its workers report r at the next step
     crashed,   \* an assertion of _update_from_kv_xfer_finished failed: EngineCore died
-    meta,      \* this step's reqs_to_recv: r -> awaiting_kvs (TRUE: a load; FALSE:
-               \*   notify-only, a full hit or an aborted never-scheduled request)
+    steps,     \* the steps in flight, oldest first: reqs_to_recv (`recv`, `aw` the
+               \*   awaited ones; the rest are notify-only: a full hit or an aborted
+               \*   never-scheduled request), whether the workers ran it, and their
+               \*   finished_recving / failed_recving / finished_sending
     cleanup,   \* aborted before update_state_after_alloc: notify-only next step
     reg,       \* worker w's _recving_metadata has r
     xf,        \* worker w's _recving_transfers has an entry for r
     h,         \* worker w's READ of r from producer rank p
-    out,       \* the executed step's per-worker finished_recving
-    outFail,   \* ... failed_recving / invalid_block_ids (one per-step set here)
-    outSend,   \* ... finished_sending (the LMCache child)
     rem,       \* KVOutputAggregator: reports still missing for r (0: no entry)
-    phase,     \* "schedule" | "execute" | "update"
     pin,       \* "r:n" notifications in flight to producer rank p
     pcnt,      \* notifications producer rank p has counted for r
     pst,       \* producer rank p's blocks of r: held | notified | expired (lease)
     failed,    \* requests a READ of which failed (their producers may need the lease)
     echo       \* second-child-recv: received requests the second child reports next step
 
-vars == <<st, fRecv, fFail, sendPend, sendDone, crashed, meta, cleanup, reg, xf, h, out,
-          outFail, outSend, rem, phase, pin, pcnt, pst, failed, echo>>
+vars == <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h, rem,
+          pin, pcnt, pst, failed, echo>>
+
+Depth == IF AsyncScheduling THEN 2 ELSE 1
+Step == [recv : SUBSET Reqs, aw : SUBSET Reqs, ran : BOOLEAN, out : [DRanks -> SUBSET Reqs],
+         fail : [DRanks -> SUBSET Reqs], send : [DRanks -> SUBSET Reqs]]
 
 None == [w \in DRanks |-> {}]
 Metas == [Reqs -> BOOLEAN]
@@ -92,13 +98,10 @@ TypeOK ==
     /\ st \in [Reqs -> ReqStates]
     /\ fRecv \subseteq Reqs /\ fFail \subseteq Reqs /\ sendPend \subseteq Reqs
     /\ sendDone \subseteq Reqs /\ crashed \in BOOLEAN /\ cleanup \subseteq Reqs
-    /\ DOMAIN meta \subseteq Reqs
+    /\ steps \in Seq(Step) /\ Len(steps) <= Depth
     /\ reg \in [DRanks -> SUBSET Reqs] /\ xf \in [DRanks -> SUBSET Reqs]
     /\ h \in [DRanks -> [Reqs -> [PRanks -> HStates]]]
-    /\ out \in [DRanks -> SUBSET Reqs] /\ outFail \in [DRanks -> SUBSET Reqs]
-    /\ outSend \in [DRanks -> SUBSET Reqs]
     /\ rem \in [Reqs -> 0 .. DTP]
-    /\ phase \in {"schedule", "execute", "update"}
     /\ pin \in [PRanks -> [Reqs -> 0 .. DTP]]
     /\ pcnt \in [PRanks -> [Reqs -> 0 .. DTP]]
     /\ pst \in [PRanks -> [Reqs -> {"held", "notified", "expired"}]]
@@ -108,12 +111,10 @@ Init ==
     /\ st = [r \in Reqs |-> "new"]
     /\ fRecv = {} /\ fFail = {} /\ sendPend = {} /\ sendDone = {}
     /\ crashed = FALSE
-    /\ meta = [r \in {} |-> TRUE] /\ cleanup = {}
+    /\ steps = <<>> /\ cleanup = {}
     /\ reg = None /\ xf = None
     /\ h = [w \in DRanks |-> [r \in Reqs |-> [p \in PRanks |-> "none"]]]
-    /\ out = None /\ outFail = None /\ outSend = None
     /\ rem = [r \in Reqs |-> 0]
-    /\ phase = "schedule"
     /\ pin = [p \in PRanks |-> [r \in Reqs |-> 0]]
     /\ pcnt = [p \in PRanks |-> [r \in Reqs |-> 0]]
     /\ pst = [p \in PRanks |-> [r \in Reqs |-> "held"]]
@@ -135,7 +136,7 @@ Live == ~crashed /\ \E r \in Reqs : st[r] # "gone"
 \* step (finished_req_ids, S:2813-2815; an abort's notify-only entry goes out then).
 schedule ==
     /\ Live \/ (~crashed /\ cleanup # {})
-    /\ phase = "schedule"
+    /\ Len(steps) < Depth
     /\ \E full \in SUBSET {r \in Reqs : FullHit /\ st[r] = "new"} :
         LET news == {r \in Reqs : st[r] = "new"}
             parks == IF Bug = "full-hit-registered" THEN news ELSE news \ full
@@ -145,11 +146,11 @@ schedule ==
                        ELSE IF r \in news THEN "running" ELSE st[r]]
            /\ fRecv' = {r \in fRecv : st[r] # "wfrk"}
            /\ fFail' = {r \in fFail : ~(r \in fRecv /\ st[r] = "wfrk")}
-           /\ meta' = [r \in news \cup cleanup |-> r \in news /\ r \notin full]
+           /\ steps' = Append(steps, [recv |-> news \cup cleanup, aw |-> news \ full,
+                                      ran |-> FALSE, out |-> None, fail |-> None,
+                                      send |-> None])
     /\ cleanup' = {}
-    /\ phase' = "execute"
-    /\ UNCHANGED <<sendPend, sendDone, crashed, reg, xf, h, out, outFail, outSend, rem, pin,
-                   pcnt, pst, failed, echo>>
+    /\ UNCHANGED <<sendPend, sendDone, crashed, reg, xf, h, rem, pin, pcnt, pst, failed, echo>>
 
 (* Every decode worker's step (kv_connector_model_runner_mixin.py:66-107). *)
 (* start_load_kv (PW:47-123): an awaited entry is registered (73-74) and   *)
@@ -164,9 +165,9 @@ schedule ==
 (* The worker is never told of an abort (connector.py:249-260).            *)
 (* second-child-recv (#51595): a second child reports r again once NIXL    *)
 (* did (MultiConnector unions the children's sets, MC:364).                *)
-RankExec(w) ==
-    LET aw == {r \in DOMAIN meta : meta[r]}
-        noBlocks == DOMAIN meta \ aw
+RankExec(w, m) ==
+    LET aw == m.aw
+        noBlocks == m.recv \ aw
         posted == [r \in Reqs |-> [p \in PRanks |->
                      IF r \in aw /\ p \in Reads(w) THEN "proc" ELSE h[w][r][p]]]
         xf1 == xf[w] \cup aw
@@ -181,23 +182,26 @@ RankExec(w) ==
         notify |-> {<<p, r>> \in PRanks \X noBlocks : p \in Sources(w)}
                    \cup {<<p, r>> \in PRanks \X aw : p \in NotifyOnly(w)}]
 
+StepToRun == CHOOSE i \in 1 .. Len(steps) :
+                ~steps[i].ran /\ \A j \in 1 .. (i - 1) : steps[j].ran
+
 execute ==
-    /\ ~crashed /\ phase = "execute"
-    /\ LET new == [w \in DRanks |-> RankExec(w)]
+    /\ ~crashed /\ \E i \in 1 .. Len(steps) : ~steps[i].ran
+    /\ LET i == StepToRun
+           new == [w \in DRanks |-> RankExec(w, steps[i])]
            sent(p, r) == Cardinality({w \in DRanks : <<p, r>> \in new[w].notify})
            dropped(p, r) == Bug = "notify-local-id" /\ \E w \in DRanks : p \in NotifyOnly(w)
        IN /\ reg' = [w \in DRanks |-> new[w].reg]
           /\ xf' = [w \in DRanks |-> new[w].xf]
           /\ h' = [w \in DRanks |-> new[w].h]
-          /\ out' = [w \in DRanks |-> new[w].out]
-          /\ outFail' = [w \in DRanks |-> new[w].outFail]
+          /\ steps' = [steps EXCEPT ![i].ran = TRUE,
+                                    ![i].out = [w \in DRanks |-> new[w].out],
+                                    ![i].fail = [w \in DRanks |-> new[w].outFail],
+                                    ![i].send = [w \in DRanks |-> sendDone]]
           /\ pin' = [p \in PRanks |-> [r \in Reqs |->
                        IF dropped(p, r) THEN pin[p][r]
                        ELSE pin[p][r] + sent(p, r)]]
-    /\ outSend' = [w \in DRanks |-> sendDone]
     /\ sendDone' = {} /\ echo' = {}
-    /\ meta' = [r \in {} |-> TRUE]
-    /\ phase' = "update"
     /\ UNCHANGED <<st, fRecv, fFail, sendPend, crashed, cleanup, rem, pcnt, pst, failed>>
 
 (* Scheduler.finish_requests (S:2649-2712) of an active request, then      *)
@@ -223,8 +227,7 @@ abort(r) ==
     /\ fRecv' = fRecv \ {r}
     /\ fFail' = fFail \ {r}
     /\ cleanup' = IF st[r] = "new" THEN cleanup \cup {r} ELSE cleanup
-    /\ UNCHANGED <<sendDone, crashed, meta, reg, xf, h, out, outFail, outSend, rem, phase,
-                   pin, pcnt, pst, failed, echo>>
+    /\ UNCHANGED <<sendDone, crashed, steps, reg, xf, h, rem, pin, pcnt, pst, failed, echo>>
 
 (* A running request stops (its output is complete): request_finished.     *)
 complete(r) ==
@@ -232,8 +235,8 @@ complete(r) ==
     /\ LET f == Finish(r, FALSE)
        IN /\ st' = [st EXCEPT ![r] = f.fate]
           /\ sendPend' = IF f.pend THEN sendPend \cup {r} ELSE sendPend
-    /\ UNCHANGED <<fRecv, fFail, sendDone, crashed, meta, cleanup, reg, xf, h, out, outFail,
-                   outSend, rem, phase, pin, pcnt, pst, failed, echo>>
+    /\ UNCHANGED <<fRecv, fFail, sendDone, crashed, steps, cleanup, reg, xf, h, rem, pin,
+                   pcnt, pst, failed, echo>>
 
 (* KVOutputAggregator.aggregate (U:63-189): r is received once world_size  *)
 (* reports are in (no per-worker dedup; expected = world_size, NIXL's      *)
@@ -247,11 +250,12 @@ complete(r) ==
 Remaining(r) == IF rem[r] = 0 THEN DTP ELSE rem[r]
 
 update ==
-    /\ ~crashed /\ phase = "update"
-    /\ LET cnt(r) == Cardinality({w \in DRanks : r \in out[w]})
+    /\ ~crashed /\ Len(steps) > 0 /\ steps[1].ran
+    /\ LET m == steps[1]
+           cnt(r) == Cardinality({w \in DRanks : r \in m.out[w]})
            recv == {r \in Reqs : cnt(r) > 0 /\ cnt(r) >= Remaining(r)}
-           sends == {r \in Reqs : \A w \in DRanks : r \in outSend[w]}
-           bad == UNION {outFail[w] : w \in DRanks}
+           sends == {r \in Reqs : \A w \in DRanks : r \in m.send[w]}
+           bad == UNION {m.fail[w] : w \in DRanks}
            errs == IF Policy = "fail" THEN {r \in bad : st[r] = "wfrk"} ELSE {}
            st1 == [r \in Reqs |-> IF r \in errs THEN Finish(r, TRUE).fate ELSE st[r]]
            gone1(r) == st1[r] = "gone"
@@ -268,9 +272,8 @@ update ==
                       ELSE fFail
           /\ sendPend' = (sendPend \cup {r \in errs : Delays}) \ sends
           /\ echo' = IF Bug = "second-child-recv" THEN recv ELSE {}
-    /\ phase' = "schedule"
-    /\ out' = None /\ outFail' = None /\ outSend' = None
-    /\ UNCHANGED <<sendDone, meta, cleanup, reg, xf, h, pin, pcnt, pst, failed>>
+    /\ steps' = Tail(steps)
+    /\ UNCHANGED <<sendDone, cleanup, reg, xf, h, pin, pcnt, pst, failed>>
 
 (* A posted READ ends: NIXL delivers its "r:n" to producer rank p with it  *)
 (* (PW:546-553), or the transfer ends in error and nothing is sent.        *)
@@ -279,8 +282,8 @@ xfer_end(w, r, p, ok) ==
     /\ h' = [h EXCEPT ![w][r][p] = IF ok THEN "done" ELSE "err"]
     /\ pin' = IF ok THEN [pin EXCEPT ![p][r] = @ + 1] ELSE pin
     /\ failed' = IF ok THEN failed ELSE failed \cup {r}
-    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, meta, cleanup, reg, xf, out,
-                   outFail, outSend, rem, phase, pcnt, pst, echo>>
+    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf,
+                   rem, pcnt, pst, echo>>
 
 (* Producer rank p's _get_new_notifs (PW:642-693) counts "r:n"; at n it    *)
 (* reports r done sending and its blocks are freed.  A late one is dropped.*)
@@ -292,8 +295,8 @@ deliver(p, r) ==
             /\ pst' = [pst EXCEPT ![p][r] = IF pcnt[p][r] + 1 >= Consumers THEN "notified"
                                             ELSE "held"]
        ELSE UNCHANGED <<pcnt, pst>>
-    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, meta, cleanup, reg, xf, h,
-                   out, outFail, outSend, rem, phase, failed, echo>>
+    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
+                   rem, failed, echo>>
 
 (* Producer rank p's lease on r expires.  D heartbeats r from add_request  *)
 (* until its receive is aggregated or it finishes (BS:522-525, PS:217), and *)
@@ -304,19 +307,22 @@ deliver(p, r) ==
 lease_expire(p, r) ==
     /\ pst[p][r] = "held"
     /\ ~(st[r] \in {"new", "wfrk"} /\ r \notin fRecv)
-    /\ r \notin DOMAIN meta /\ r \notin cleanup
+    /\ \A i \in 1 .. Len(steps) : steps[i].ran \/ r \notin steps[i].recv
+    /\ r \notin cleanup
     /\ \A w \in DRanks : h[w][r][p] # "proc"
     /\ pin[p][r] = 0
     /\ pst' = [pst EXCEPT ![p][r] = "expired"]
-    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, meta, cleanup, reg, xf, h,
-                   out, outFail, outSend, rem, phase, pin, pcnt, failed, echo>>
+    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
+                   rem, pin, pcnt, failed, echo>>
 
-(* The LMCache child's delayed request completes on its workers.          *)
+(* The LMCache child's delayed request completes on its workers, once.    *)
 child_send_done(r) ==
-    /\ Live /\ r \in sendPend /\ r \notin sendDone
+    /\ Live /\ r \in sendPend
+    \* once: its workers report it at the next step (one report per request)
+    /\ sendPend' = sendPend \ {r}
     /\ sendDone' = sendDone \cup {r}
-    /\ UNCHANGED <<st, fRecv, fFail, sendPend, crashed, meta, cleanup, reg, xf, h, out,
-                   outFail, outSend, rem, phase, pin, pcnt, pst, failed, echo>>
+    /\ UNCHANGED <<st, fRecv, fFail, crashed, steps, cleanup, reg, xf, h,
+                   rem, pin, pcnt, pst, failed, echo>>
 
 Oks == IF ReadFail THEN BOOLEAN ELSE {TRUE}
 ReadEnd == \E w \in DRanks, r \in Reqs, p \in PRanks, ok \in Oks : xfer_end(w, r, p, ok)

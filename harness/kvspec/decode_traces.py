@@ -131,8 +131,8 @@ def parse_action(text: str) -> tuple[str, list[Any]]:
     return m[1], [a == "TRUE" if a in ("TRUE", "FALSE") else int(a) for a in args]
 
 
-OBSERVED = ("st", "fRecv", "fFail", "crashed", "meta", "cleanup", "reg", "xf", "h", "out",
-            "outFail", "rem", "phase", "pst")  # fmt: skip
+OBSERVED = ("st", "fRecv", "fFail", "crashed", "steps", "cleanup", "reg", "xf", "h", "rem",
+            "pst")  # fmt: skip
 
 
 def differences(seen: dict[str, object], want: State) -> list[str]:

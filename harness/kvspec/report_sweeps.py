@@ -15,8 +15,8 @@ from kvspec.itf import value_from_itf
 
 # Decode.tla variables per lane, in the order they are shown.
 LANES = {
-    "D scheduler": ("st", "fRecv", "fFail", "sendPend", "crashed"),
-    "D workers": ("reg", "xf", "h", "out", "outFail"),
+    "D scheduler": ("st", "fRecv", "fFail", "sendPend", "crashed", "steps"),
+    "D workers": ("reg", "xf", "h"),
     "producer ranks": ("pin", "pst"),
 }
 _EMPTY = ("{}", "frozenset()", "False", "0", "'none'")

@@ -44,7 +44,7 @@ def test_the_installed_decode_engine_conforms(row: str) -> None:
 def test_negative_control_a_wrong_state_diverges() -> None:
     name, row, trace = next(t for t in _traces("conf-decode-d1-fail") if len(t[2]) > 4)
     bad = copy.deepcopy(trace)
-    bad[3][1]["phase"] = "nowhere"
+    bad[3][1]["crashed"] = True
     with DecodeDriver(row) as d:  # type: ignore[arg-type]
         res = replay(bad, d)
     assert res.divergence is not None and res.divergence.startswith("step 3"), (name, res)

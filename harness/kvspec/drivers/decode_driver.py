@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,11 +107,12 @@ class DecodeDriver:
         self.held: list[HeldReads] = []
         try:
             self._prefill_on_producer()
-            self._build_decode(device, str(c["Policy"]))
+            self._build_decode(device, str(c["Policy"]), bool(c["AsyncScheduling"]))
         except BaseException:
             self.close()
             raise
-        self.step: DStep | None = None
+        self.steps: deque[DStep] = deque()
+        self.depth = 2 if c["AsyncScheduling"] else 1  # max_concurrent_batches
         self.crashed = False
         self.pst: dict[tuple[int, int], str] = {}  # (p, r) -> notified | expired
         self.handles: dict[int, dict[int, tuple[int, int]]] = {t: {} for t in range(self.T)}
@@ -129,7 +131,7 @@ class DecodeDriver:
             if missing:
                 raise MissingAction(f"producer rank {w} holds no lease for {missing}")
 
-    def _build_decode(self, device: str, policy: str) -> None:
+    def _build_decode(self, device: str, policy: str, async_scheduling: bool) -> None:
         c = self.p.c
         api = c.api
         d_engine = c.consumers[0].connector_worker.engine_id
@@ -137,12 +139,13 @@ class DecodeDriver:
         # its decode tokens take; READs land only in the first ones (checked in execute).
         dcfg = vllm_config(
             api, "kv_consumer", d_engine, "nixl", Topology(self.T, 1, 1), 4 * self.N + 1,
-            False, device,
+            async_scheduling, device,
             disable_hma=bool(c.cfg.scheduler_config.disable_hybrid_kv_cache_manager),
         )  # fmt: skip
         dcfg.kv_transfer_config.kv_load_failure_policy = policy
         dkc = kv_cache_config(api, dcfg)
-        self.d = api.Scheduler(
+        sched_cls = api.AsyncScheduler if async_scheduling else api.Scheduler
+        self.d = sched_cls(
             vllm_config=dcfg, kv_cache_config=dkc,
             structured_output_manager=api.StructuredOutputManager(dcfg), block_size=BLOCK_SIZE,
         )  # fmt: skip
@@ -180,9 +183,9 @@ class DecodeDriver:
     # ------------------------------------------------------------------ actions
     def schedule(self) -> None:
         """Decode.tla `schedule`: D's Scheduler.schedule (scheduler.py:899-1395)."""
-        if self.step is not None:
-            raise MissingAction("schedule: a step is in flight")
-        self.step = DStep(self.d.schedule())
+        if len(self.steps) >= self.depth:
+            raise MissingAction("schedule: the step pipeline is full")
+        self.steps.append(DStep(self.d.schedule()))
 
     def _run_worker(self, t: int, so: Any) -> Any:
         api = self.p.c.api
@@ -214,17 +217,18 @@ class DecodeDriver:
 
     def execute(self) -> None:
         """Decode.tla `execute`: every D worker's step on the scheduled metadata."""
-        if self.step is None or self.step.ran:
+        st = next((s for s in self.steps if not s.ran), None)
+        if st is None:
             raise MissingAction("execute: no scheduled step")
-        self.step.outputs = [self._run_worker(t, self.step.so) for t in range(self.T)]
-        self.step.ran = True
+        st.outputs = [self._run_worker(t, st.so) for t in range(self.T)]
+        st.ran = True
 
     def update(self) -> None:
         """Decode.tla `update`: aggregate, then D's update_from_output (an assertion in
         _update_from_kv_xfer_finished is the spec's crash)."""
-        if self.step is None or not self.step.ran:
+        if not self.steps or not self.steps[0].ran:
             raise MissingAction("update: no executed step")
-        st, self.step = self.step, None
+        st = self.steps.popleft()
         out = self.agg.aggregate(st.outputs)
         try:
             self.d.update_from_output(st.so, out)
@@ -300,10 +304,18 @@ class DecodeDriver:
             return frozenset(int(str(x).split("-")[1]) for x in ids)  # type: ignore[attr-defined]
 
         sched = self.d.connector.connector_scheduler
-        step = self.step
-        meta = step.so.kv_connector_metadata.reqs_to_recv if step and not step.ran else {}
-        outs = step.outputs if step and step.ran else []
-        kv = [o.kv_connector_output for o in outs]
+
+        def step_view(st: DStep) -> dict[str, object]:
+            meta = st.so.kv_connector_metadata.reqs_to_recv
+            kv = [o.kv_connector_output for o in st.outputs]
+            none: dict[int, frozenset[int]] = {w: frozenset() for w in ranks}
+            return {
+                "recv": rs(meta), "aw": rs(k for k, m in meta.items() if m.awaiting_kvs),
+                "ran": st.ran,
+                "out": {w: rs(kv[w].finished_recving or ()) for w in ranks} if kv else none,
+                "fail": {w: rs(kv[w].failed_recving or ()) for w in ranks} if kv else none,
+                "send": none,
+            }  # fmt: skip
         p_held = {(p, r): req_id(r) in self.p.c.nixl_worker(p)._reqs_to_send for p in ranks
                   for r in reqs}  # fmt: skip
         return {
@@ -311,17 +323,14 @@ class DecodeDriver:
             "fRecv": rs(self.d.finished_recving_kv_req_ids),
             "fFail": rs(self.d.failed_recving_kv_req_ids),
             "crashed": self.crashed,
-            "meta": {int(k.split("-")[1]): bool(m.awaiting_kvs) for k, m in meta.items()},
+            "steps": {i: step_view(st) for i, st in enumerate(self.steps, start=1)},
             "cleanup": rs(sched._reqs_need_recv),
             "reg": {w: rs(self.p.c.consumers[w].connector_worker._recving_metadata)
                     for w in ranks},  # fmt: skip
             "xf": {w: rs(self.p.c.consumers[w].connector_worker._recving_transfers)
                    for w in ranks},  # fmt: skip
             "h": {w: {r: {p: self._h(w, r, p) for p in ranks} for r in reqs} for w in ranks},
-            "out": {w: rs(kv[w].finished_recving or ()) if kv else frozenset() for w in ranks},
-            "outFail": {w: rs(kv[w].failed_recving or ()) if kv else frozenset() for w in ranks},
             "rem": {r: self.agg._recv_remaining_count.get(dreq(r), 0) for r in reqs},
-            "phase": "schedule" if step is None else ("update" if step.ran else "execute"),
             "pst": {p: {r: "held" if p_held[(p, r)] else self.pst.get((p, r), "?")
                         for r in reqs} for p in ranks},  # fmt: skip
         }
