@@ -28,7 +28,10 @@ CONSTANTS
     ReadFail,     \* a READ may end in error (NIXL transfer state ERR)
     FullHit,      \* a request may be a full local prefix hit (nothing to read)
     Abort,        \* clients may abort
-    Composition,  \* "nixl" | "multi-nixl-lmcache": MultiConnector(NIXL, LMCacheMP)
+    Composition,  \* "nixl" | "multi-nixl-lmcache": MultiConnector(NIXL, LMCacheMP) |
+                  \* "multi-nixl-example": MultiConnector(NIXL, ExampleConnector), a child
+                  \* that never delays a free nor reports (base request_finished and
+                  \* get_finished, v1/example_connector.py); it loads only what it stored
     AsyncScheduling, \* D's async scheduling (two steps in flight)
     Bug           \* "none" (0.32 as shipped) or a bug of the history re-introduced
 
@@ -38,7 +41,7 @@ Bugs == {"none", "abort-frees-at-once", "full-hit-registered", "failure-only-log
 ASSUME
     /\ DTP \in {1, 2} /\ PTP \in {1, 2}
     /\ Policy \in {"fail", "recompute"}
-    /\ Composition \in {"nixl", "multi-nixl-lmcache"}
+    /\ Composition \in {"nixl", "multi-nixl-lmcache", "multi-nixl-example"}
     /\ Bug \in Bugs
     /\ AsyncScheduling \in BOOLEAN
 

@@ -36,7 +36,8 @@ DECODE = Sweep(
         Const("ReadFail", "read_fail", "bool"),
         Const("FullHit", "full_hit", "bool"),
         Const("Abort", "abort", "bool"),
-        Const("Composition", "composition", "str", ("nixl", "multi-nixl-lmcache")),
+        Const("Composition", "composition", "str",
+              ("nixl", "multi-nixl-lmcache", "multi-nixl-example")),  # fmt: skip
         Const("AsyncScheduling", "async_scheduling", "bool"),
         Const("Bug", "bug", "str", BUGS),
     ),

@@ -28,6 +28,8 @@ def _traces(row: str) -> list[tuple[str, object, list[tuple[str, dict[str, objec
     "row",
     [
         "conf-decode-d1-fail",
+        pytest.param("conf-decode-d1-multi", marks=pytest.mark.slow),
+        pytest.param("conf-decode-d1-fail-sync", marks=pytest.mark.slow),
         pytest.param("conf-decode-d1-recompute", marks=pytest.mark.slow),
         pytest.param("conf-decode-d2-fail", marks=pytest.mark.slow),
     ],

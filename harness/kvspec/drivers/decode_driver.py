@@ -36,15 +36,21 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from kvspec.drivers.base import MissingAction
+from kvspec.drivers.vllm_cluster import DECODE_COMPOSITIONS as DECODE
+from kvspec.drivers.vllm_cluster import nixl_of
 from kvspec.drivers.vllm_driver import VllmDriver
 from kvspec.drivers.vllm_env import BLOCK_SIZE, kv_cache_config, vllm_config
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
 from kvspec.drivers.vllm_view import req_id
 from kvspec.matrix import ModelRow, Topology
 from kvspec.sweep import SweepRow
+
+# What the model runner passes start_load_kv, with no forward (no attention metadata).
+NO_FORWARD = SimpleNamespace(attn_metadata=None, no_compile_layers={})
 
 
 def dreq(r: int) -> str:
@@ -91,9 +97,9 @@ class DStep:
 class DecodeDriver:
     def __init__(self, row: SweepRow, device: str = "cpu", waits: Waits = DEFAULT_WAITS) -> None:
         c = row.consts
-        if c["PTP"] != c["DTP"] or c["MLA"] or c["FullHit"] or c["Composition"] != "nixl":
+        if c["PTP"] != c["DTP"] or c["MLA"] or c["FullHit"] or c["Composition"] not in DECODE:
             raise MissingAction(f"{row.name}: the decode driver runs P TP = D TP, no MLA, "
-                                "no full hits, composition nixl")  # fmt: skip
+                                f"no full hits, composition in {DECODE}")  # fmt: skip
         if c["Bug"] != "none":
             raise MissingAction(f"{row.name}: bugs are mutants of the real code here")
         self.row, self.waits, self.N = row, waits, row.requests
@@ -103,7 +109,8 @@ class DecodeDriver:
             topology=Topology(self.T, 1, 1), requests=self.N, capacity=self.N,
             async_scheduling=False,
         )  # fmt: skip
-        self.p = VllmDriver(prow, device=device, waits=waits)
+        self.comp = str(c["Composition"])
+        self.p = VllmDriver(prow, device=device, waits=waits, decode_composition=self.comp)
         self.held: list[HeldReads] = []
         try:
             self._prefill_on_producer()
@@ -134,11 +141,11 @@ class DecodeDriver:
     def _build_decode(self, device: str, policy: str, async_scheduling: bool) -> None:
         c = self.p.c
         api = c.api
-        d_engine = c.consumers[0].connector_worker.engine_id
+        d_engine = c.consumer_nixl(0).connector_worker.engine_id
         # D's own block accounting: room for every request's prompt block plus the blocks
         # its decode tokens take; READs land only in the first ones (checked in execute).
         dcfg = vllm_config(
-            api, "kv_consumer", d_engine, "nixl", Topology(self.T, 1, 1), 4 * self.N + 1,
+            api, "kv_consumer", d_engine, self.comp, Topology(self.T, 1, 1), 4 * self.N + 1,
             async_scheduling, device,
             disable_hma=bool(c.cfg.scheduler_config.disable_hybrid_kv_cache_manager),
         )  # fmt: skip
@@ -162,7 +169,8 @@ class DecodeDriver:
             )  # fmt: skip
             rq.kv_transfer_params = dict(self.p.params[r])
             self.d.add_request(rq)
-        self.held = [HeldReads(cons.connector_worker.nixl_wrapper) for cons in c.consumers]
+        self.held = [HeldReads(c.consumer_nixl(t).connector_worker.nixl_wrapper)
+                     for t in range(self.T)]  # fmt: skip
 
     def close(self) -> None:
         # The seams go first: the pooled cluster's reset then drains the READs a trace
@@ -190,11 +198,12 @@ class DecodeDriver:
     def _run_worker(self, t: int, so: Any) -> Any:
         api = self.p.c.api
         cons = self.p.c.consumers[t]
-        cw = cons.connector_worker
+        cw = self.p.c.consumer_nixl(t).connector_worker
         before = {h for hs in cw._recving_transfers.values() for h in hs}
         cons.bind_connector_metadata(so.kv_connector_metadata)
         try:
-            cons.start_load_kv(None)
+            # No forward: ExampleConnector returns at once on attn_metadata None.
+            cons.start_load_kv(NO_FORWARD)
             for rid, hs in cw._recving_transfers.items():
                 for hd in hs:
                     if hd not in before:
@@ -286,7 +295,7 @@ class DecodeDriver:
         return "new" if (rq.kv_transfer_params or {}).get("do_remote_prefill") else "waiting"
 
     def _h(self, w: int, r: int, p: int) -> str:
-        cw = self.p.c.consumers[w].connector_worker
+        cw = self.p.c.consumer_nixl(w).connector_worker
         for hd in cw._recving_transfers.get(dreq(r), []):
             if self.handles[w].get(hd) == (r, p):
                 res = self.results.get(hd)
@@ -303,10 +312,10 @@ class DecodeDriver:
         def rs(ids: object) -> frozenset[int]:
             return frozenset(int(str(x).split("-")[1]) for x in ids)  # type: ignore[attr-defined]
 
-        sched = self.d.connector.connector_scheduler
+        sched = nixl_of(self.d.connector, self.comp).connector_scheduler
 
         def step_view(st: DStep) -> dict[str, object]:
-            meta = st.so.kv_connector_metadata.reqs_to_recv
+            meta = VllmDriver._nixl_meta(st.so.kv_connector_metadata, self.comp).reqs_to_recv
             kv = [o.kv_connector_output for o in st.outputs]
             none: dict[int, frozenset[int]] = {w: frozenset() for w in ranks}
             return {
@@ -325,9 +334,9 @@ class DecodeDriver:
             "crashed": self.crashed,
             "steps": {i: step_view(st) for i, st in enumerate(self.steps, start=1)},
             "cleanup": rs(sched._reqs_need_recv),
-            "reg": {w: rs(self.p.c.consumers[w].connector_worker._recving_metadata)
+            "reg": {w: rs(self.p.c.consumer_nixl(w).connector_worker._recving_metadata)
                     for w in ranks},  # fmt: skip
-            "xf": {w: rs(self.p.c.consumers[w].connector_worker._recving_transfers)
+            "xf": {w: rs(self.p.c.consumer_nixl(w).connector_worker._recving_transfers)
                    for w in ranks},  # fmt: skip
             "h": {w: {r: {p: self._h(w, r, p) for p in ranks} for r in reqs} for w in ranks},
             "rem": {r: self.agg._recv_remaining_count.get(dreq(r), 0) for r in reqs},

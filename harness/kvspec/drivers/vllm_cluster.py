@@ -71,12 +71,15 @@ from kvspec.model import HF3FS
 # base_worker.py: `sock.setsockopt(zmq.RCVTIMEO, 5000)` around the handshake's metadata query.
 VLLM_HANDSHAKE_S = 5.0
 
-PoolKey = tuple[str, str, Topology, int, int, bool, str]
+PoolKey = tuple[str, str, Topology, int, int, bool, str, str]
+# The decode engine's connector: NIXL, or MultiConnector(NIXL, ExampleConnector) (a child
+# that never loads, delays or reports here: MultiConnector's own code is what it adds).
+DECODE_COMPOSITIONS = ("nixl", "multi-nixl-example")
 
 
-def pool_key(row: ModelRow, device: str) -> PoolKey:
+def pool_key(row: ModelRow, device: str, decode: str = "nixl") -> PoolKey:
     """What a cluster is built from: the row's constants except its variant (the variant is
-    vLLM's code, shipped or patched, not the cluster's shape), and the device."""
+    vLLM's code, shipped or patched, not the cluster's shape), the device and D's connector."""
     return (
         row.composition,
         row.transfer,
@@ -85,6 +88,7 @@ def pool_key(row: ModelRow, device: str) -> PoolKey:
         row.capacity,
         row.async_scheduling,
         device,
+        decode,
     )
 
 
@@ -112,6 +116,11 @@ class Cluster:
     listener: Any  # scheduler-role NixlConnector that served the handshake
     push: PushSide | None = None  # push mode: D's side channel, the producers' held WRITEs
     closed: bool = False
+    decode_composition: str = "nixl"
+
+    def consumer_nixl(self, t: int) -> Any:
+        """Decode worker t's NIXL connector (a MultiConnector's first child)."""
+        return nixl_of(self.consumers[t], self.decode_composition)
 
     @property
     def world_size(self) -> int:
@@ -123,7 +132,7 @@ class Cluster:
 
     def nixl(self, w: int) -> Any:
         """The NIXL connector (the MultiConnector's first child) of rank w."""
-        return _nixl(self.workers[w], self.composition)
+        return nixl_of(self.workers[w], self.composition)
 
     def nixl_worker(self, w: int) -> Any:
         return self.nixl(w).connector_worker
@@ -157,8 +166,8 @@ class Cluster:
             self.workers[w].clear_connector_metadata()
         if self.push is not None:
             push_side.reset(self, waits)
-        for t, cons in enumerate(self.consumers):
-            cw = cons.connector_worker
+        for t in range(len(self.consumers)):
+            cw = self.consumer_nixl(t).connector_worker
 
             def drained(t: int = t, cw: Any = cw) -> bool:
                 # A READ the trace left in flight: vLLM releases its handle when it is
@@ -174,7 +183,7 @@ class Cluster:
 
     def consumer_poll(self, t: int = 0) -> Any:
         """One get_transfer_results of consumer t (as its model runner calls it)."""
-        c = self.consumers[t]
+        c = self.consumer_nixl(t)
         c.bind_connector_metadata(self.api.NixlConnectorMetadata())
         try:
             return c.get_transfer_results(set())
@@ -201,7 +210,7 @@ class Cluster:
         self.consumers_caches.clear()
 
 
-def build_cluster(row: ModelRow, device: str, waits: Waits) -> Cluster:
+def build_cluster(row: ModelRow, device: str, waits: Waits, decode: str = "nixl") -> Cluster:
     plan = device_plan(device)
     api = check_device(device)
     topo = row.topology
@@ -222,12 +231,18 @@ def build_cluster(row: ModelRow, device: str, waits: Waits) -> Cluster:
         blocks,
         row.async_scheduling,
         device,
+        # MultiConnector on D refuses the hybrid KV manager unless every child supports it
+        # (factory.py:57; ExampleConnector does not), and NIXL's handshake refuses peers
+        # whose setting differs: both engines run without it.
+        disable_hma=True if decode != "nixl" else None,
         transfer=row.transfer,
     )
     kc = kv_cache_config(api, cfg)
     gen = api.torch.Generator().manual_seed(1234 + n)
     workers, caches = _build_producers(api, cfg, kc, row.composition, topo, plan, gen)
-    inboxes = [NotifInbox(_nixl(c, row.composition).connector_worker.nixl_wrapper) for c in workers]
+    inboxes = [
+        NotifInbox(nixl_of(c, row.composition).connector_worker.nixl_wrapper) for c in workers
+    ]
     cfg.parallel_config.rank = 0
     listener = _serve_handshakes(api, kc, engine_id, workers, topo, blocks, device, row, waits)
     # The decode engine runs with the producer's hybrid-KV-manager setting, as a deployment
@@ -237,7 +252,7 @@ def build_cluster(row: ModelRow, device: str, waits: Waits) -> Cluster:
         api,
         "kv_consumer",
         f"kvspec-D-{os.getpid()}-{n}",
-        "nixl",
+        decode,
         Topology(topo.tp, 1, 1),
         row.requests + 1,
         False,
@@ -245,9 +260,9 @@ def build_cluster(row: ModelRow, device: str, waits: Waits) -> Cluster:
         disable_hma=bool(cfg.scheduler_config.disable_hybrid_kv_cache_manager),
         transfer=row.transfer,
     )
-    consumers, consumers_caches = _build_consumers(api, dcfg, plan, topo.tp)
+    consumers, consumers_caches = _build_consumers(api, dcfg, plan, topo.tp, decode)
     cluster = Cluster(
-        key=pool_key(row, device),
+        key=pool_key(row, device, decode),
         composition=row.composition,
         topology=topo,
         api=api,
@@ -260,10 +275,11 @@ def build_cluster(row: ModelRow, device: str, waits: Waits) -> Cluster:
         consumers=consumers,
         consumers_caches=consumers_caches,
         listener=listener,
+        decode_composition=decode,
     )
     try:
-        for cons in consumers:
-            _handshake(cons.connector_worker, engine_id, port, topo.tp, waits)
+        for t in range(topo.tp):
+            _handshake(cluster.consumer_nixl(t).connector_worker, engine_id, port, topo.tp, waits)
         if row.transfer == "push":
             cluster.push = push_side.build(api, dcfg, cluster.nixl_worker, cluster, waits)
     except BaseException:  # e.g. a handshake that timed out: a retry builds a new cluster
@@ -274,7 +290,7 @@ def build_cluster(row: ModelRow, device: str, waits: Waits) -> Cluster:
     return cluster
 
 
-def _nixl(conn: Any, composition: str) -> Any:
+def nixl_of(conn: Any, composition: str) -> Any:
     """The NIXL connector of a worker (a MultiConnector's first child)."""
     return conn if composition == "nixl" else conn._connectors[0]
 
@@ -301,7 +317,7 @@ def _build_producers(
             conn = api.KVConnectorFactory.create_connector(
                 config=cfg, role=api.KVConnectorRole.WORKER, kv_cache_config=kc
             )
-        nw = _nixl(conn, composition).connector_worker
+        nw = nixl_of(conn, composition).connector_worker
         # Rank identity (spec layout); vLLM reads it from the PCP group.
         nw.pcp_rank = coords.pcp
         nw.pcp_dcp_sharded = False
@@ -350,7 +366,7 @@ def _serve_handshakes(
 
 
 def _build_consumers(
-    api: SimpleNamespace, dcfg: Any, plan: DevicePlan, tp: int
+    api: SimpleNamespace, dcfg: Any, plan: DevicePlan, tp: int, decode: str = "nixl"
 ) -> tuple[list[Any], list[dict[str, Any]]]:
     """Decode side: one consumer worker per TP rank (D has tp = P's tp, pp = 1, pcp = 1),
     each with its own agent and caches."""
@@ -367,7 +383,7 @@ def _build_consumers(
         dkv = api.allocate_kv_cache(dkc, device, layout)
         with api.set_current_vllm_config(dcfg), tp_identity(t, tp):
             consumer.register_kv_caches(dkv)
-        _check_registration(consumer.connector_worker, plan, f"consumer tp rank {t}")
+        _check_registration(nixl_of(consumer, decode).connector_worker, plan, f"consumer {t}")
         consumers.append(consumer)
         consumers_caches.append(dkv)
     return consumers, consumers_caches
@@ -418,9 +434,10 @@ _IDLE_ORDER: list[Cluster] = []  # idle clusters, least recently released first
 POOL_IDLE_MAX = 1
 
 
-def acquire(row: ModelRow, device: str, waits: Waits) -> Cluster:
-    """A reset cluster for `row` on `device`: a pooled one of its key, or a new one."""
-    idle = _POOL.setdefault(pool_key(row, device), [])
+def acquire(row: ModelRow, device: str, waits: Waits, decode: str = "nixl") -> Cluster:
+    """A reset cluster for `row` on `device` (D's connector `decode`): a pooled one of its
+    key, or a new one."""
+    idle = _POOL.setdefault(pool_key(row, device, decode), [])
     if idle:
         c = idle.pop()
         if c in _IDLE_ORDER:
@@ -431,7 +448,7 @@ def acquire(row: ModelRow, device: str, waits: Waits) -> Cluster:
             discard(c)
             raise
         return c
-    c = build_cluster(row, device, waits)
+    c = build_cluster(row, device, waits, decode)
     _LIVE.append(c)
     return c
 

@@ -59,6 +59,7 @@ class VllmDriver(PushActions, Driver):
         device: str = "cpu",
         impl_patch: str | None = None,
         waits: Waits = DEFAULT_WAITS,
+        decode_composition: str = "nixl",
     ) -> None:
         super().__init__(row)
         self.waits = waits
@@ -68,7 +69,7 @@ class VllmDriver(PushActions, Driver):
         self._cluster: Cluster | None = None
         if impl_patch is not None:
             patch = get_patch(impl_patch)  # an unknown patch fails before a cluster is built
-        self._cluster = acquire(row, device, waits)
+        self._cluster = acquire(row, device, waits, decode_composition)
         c = self._cluster
         try:
             if impl_patch is not None:

@@ -241,6 +241,7 @@ def free_port() -> int:
 # The spec's Transfer constant -> the connector vLLM registers for it
 # (kv_connector/factory.py: "NixlConnector", "NixlPushConnector").
 NIXL_CONNECTORS = {"pull": "NixlConnector", "push": "NixlPushConnector"}
+EXAMPLE = "multi-nixl-example"  # a decode engine's MultiConnector(NIXL, ExampleConnector)
 
 
 def nixl_transfer_config(role: str, plan: DevicePlan, transfer: str = "pull") -> dict[str, Any]:
@@ -270,11 +271,19 @@ def vllm_config(
     ~2170-2192). `transfer`: the spec's Transfer ("push": NixlPushConnector)."""
     plan = device_plan(device)
     nixl = nixl_transfer_config(role, plan, transfer)
-    if composition == "nixl" or role == "kv_consumer":
+    if composition == "nixl" or (role == "kv_consumer" and composition != EXAMPLE):
         ktc = api.KVTransferConfig(engine_id=engine_id, **nixl)
     else:
         child: dict[str, Any]
-        if composition == "multi-nixl-hf3fs":
+        if composition == EXAMPLE:
+            # vLLM's ExampleConnector as a decode engine's second child: it loads only what
+            # it stored under shared_storage_path (nothing: a fresh directory), never delays
+            # a free (the base request_finished) and reports nothing (the base get_finished).
+            store = LOG_DIR.parent / "example-connector" / engine_id
+            store.mkdir(parents=True, exist_ok=True)
+            child = {"kv_connector": "ExampleConnector", "kv_role": role,
+                     "kv_connector_extra_config": {"shared_storage_path": str(store)}}  # fmt: skip
+        elif composition == "multi-nixl-hf3fs":
             from kvspec.drivers import hf3fs_child
 
             # vLLM's HF3FSKVConnector without its external service (hf3fs_child.py),

@@ -299,13 +299,9 @@ _ALL = [
         "#51786/#51864",
         e.multi_results(swallows=lambda i: True, recv_twice=True),
         base=FIXED,
-        equivalent_because=(
-            "the spec models the producer (P) engine only: P's requests never receive KV "
-            "(no do_remote_prefill), so finished_recving is always empty and a duplicate "
-            "cannot appear; killing it needs the D side in the spec (WAITING_FOR_REMOTE_KVS, "
-            "finished_recving aggregation, the scheduler's assert) and a MultiConnector "
-            "consumer in the driver"
-        ),
+        # A receive: only the decode side's traces see it (D = MultiConnector(NIXL,
+        # ExampleConnector), conformance/decode.toml's conf-decode-d1-multi).
+        family="decode",
     ),
     _m(
         "decode-abort-frees-at-once",
