@@ -115,6 +115,11 @@ def add_doctor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=[],
         help="exit 1 unless DRIVER (e.g. vllm-cuda) runs here; repeatable",
     )
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="import vLLM as the driver does (version adapters, device): 'runs' only if it can",
+    )
     p.set_defaults(handler=_doctor_cmd)
 
 
@@ -138,6 +143,17 @@ def _doctor_cmd(args: argparse.Namespace) -> int:
 
     full = {**report, **doctor_report()}
     full["ok"] = report["ok"] and "version" in full.get("java", {})
+    if args.probe:
+        from kvspec.doctor import probe_driver
+        from kvspec.drivers.vllm_adapters import installed_version
+
+        for name, d in full["drivers"].items():
+            if name.startswith("vllm-") and d.get("runs"):
+                why = probe_driver(name.removeprefix("vllm-"))
+                if why is not None:
+                    d.update(runs=False, why=f"probe: {why}")
+        if full.get("vllm"):  # the one Python imports, which a second install may shadow
+            full["vllm"] = f"{full['vllm']}; imports {installed_version()}"
     if args.json:
         print(json.dumps(full, sort_keys=True, indent=2))
     else:

