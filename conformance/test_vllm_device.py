@@ -27,7 +27,7 @@ def _row(comp: str, pcp: int) -> ModelRow:
 
 @pytest.mark.parametrize("comp", ["nixl", "multi-nixl-offload-upstream", "multi-nixl-hf3fs"])
 def test_caches_live_and_are_registered_where_the_device_says(device: str, comp: str) -> None:
-    from kvspec.drivers.vllm_cluster import _check_registration
+    from kvspec.drivers.vllm_consumers import _check_registration
     from kvspec.drivers.vllm_driver import VllmDriver
     from kvspec.drivers.vllm_env import DEVICES, device_plan
     from kvspec.drivers.vllm_inbox import ClusterError

@@ -41,9 +41,9 @@ from typing import Any
 
 from kvspec.drivers.base import MissingAction
 from kvspec.drivers.vllm_cluster import DECODE_COMPOSITIONS as DECODE
-from kvspec.drivers.vllm_cluster import nixl_of
+from kvspec.drivers.vllm_consumers import nixl_of
 from kvspec.drivers.vllm_driver import VllmDriver
-from kvspec.drivers.vllm_env import BLOCK_SIZE, kv_cache_config, vllm_config
+from kvspec.drivers.vllm_env import BLOCK_SIZE, kv_cache_config, runner_output, vllm_config
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
 from kvspec.drivers.vllm_view import req_id
 from kvspec.matrix import ModelRow, Topology
@@ -212,12 +212,10 @@ class DecodeDriver:
             invalid = cons.get_block_ids_with_load_errors()
         finally:
             cons.clear_connector_metadata()
-        ids = list(so.num_scheduled_tokens)
-        return api.ModelRunnerOutput(
-            req_ids=ids,
-            req_id_to_index={rid: i for i, rid in enumerate(ids)},
-            sampled_token_ids=[[7] for _ in ids],
-            kv_connector_output=api.KVConnectorOutput(
+        return runner_output(
+            api,
+            so,
+            api.KVConnectorOutput(
                 finished_recving=set(res.finished_recving) or None,
                 failed_recving=set(res.failed_recving),
                 invalid_block_ids=set(invalid),

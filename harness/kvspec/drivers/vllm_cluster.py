@@ -49,8 +49,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvspec.drivers import push_side
-from kvspec.drivers.base import WaitTimeout
 from kvspec.drivers.push_side import PushSide
+from kvspec.drivers.vllm_consumers import (
+    _check_registration,
+    build_consumers,
+    handshake,
+    nixl_of,
+)
 from kvspec.drivers.vllm_env import (
     PP_UNAVAILABLE,
     DevicePlan,
@@ -64,12 +69,9 @@ from kvspec.drivers.vllm_env import (
     tp_identity,
     vllm_config,
 )
-from kvspec.drivers.vllm_inbox import ClusterError, NotifInbox, Waits
+from kvspec.drivers.vllm_inbox import NotifInbox, Waits
 from kvspec.matrix import ModelRow, Topology
 from kvspec.model import HF3FS
-
-# base_worker.py: `sock.setsockopt(zmq.RCVTIMEO, 5000)` around the handshake's metadata query.
-VLLM_HANDSHAKE_S = 5.0
 
 PoolKey = tuple[str, str, Topology, int, int, bool, str, str]
 # The decode engine's connector: NIXL, or MultiConnector(NIXL, ExampleConnector) (a child
@@ -260,7 +262,7 @@ def build_cluster(row: ModelRow, device: str, waits: Waits, decode: str = "nixl"
         disable_hma=bool(cfg.scheduler_config.disable_hybrid_kv_cache_manager),
         transfer=row.transfer,
     )
-    consumers, consumers_caches = _build_consumers(api, dcfg, plan, topo.tp, decode)
+    consumers, consumers_caches = build_consumers(api, dcfg, plan, topo.tp, decode)
     cluster = Cluster(
         key=pool_key(row, device, decode),
         composition=row.composition,
@@ -279,7 +281,7 @@ def build_cluster(row: ModelRow, device: str, waits: Waits, decode: str = "nixl"
     )
     try:
         for t in range(topo.tp):
-            _handshake(cluster.consumer_nixl(t).connector_worker, engine_id, port, topo.tp, waits)
+            handshake(cluster.consumer_nixl(t).connector_worker, engine_id, port, topo.tp, waits)
         if row.transfer == "push":
             cluster.push = push_side.build(api, dcfg, cluster.nixl_worker, cluster, waits)
     except BaseException:  # e.g. a handshake that timed out: a retry builds a new cluster
@@ -288,11 +290,6 @@ def build_cluster(row: ModelRow, device: str, waits: Waits, decode: str = "nixl"
     # The handshake is done; the listener thread may stop (it exits within 1 s).
     listener.connector_scheduler._stop_event.set()
     return cluster
-
-
-def nixl_of(conn: Any, composition: str) -> Any:
-    """The NIXL connector of a worker (a MultiConnector's first child)."""
-    return conn if composition == "nixl" else conn._connectors[0]
 
 
 def _build_producers(
@@ -365,67 +362,9 @@ def _serve_handshakes(
     return listener
 
 
-def _build_consumers(
-    api: SimpleNamespace, dcfg: Any, plan: DevicePlan, tp: int, decode: str = "nixl"
-) -> tuple[list[Any], list[dict[str, Any]]]:
-    """Decode side: one consumer worker per TP rank (D has tp = P's tp, pp = 1, pcp = 1),
-    each with its own agent and caches."""
-    dkc = kv_cache_config(api, dcfg)
-    device = api.torch.device(plan.device)
-    layout = dcfg.cache_config.get_resolved_kv_cache_layout()
-    consumers: list[Any] = []
-    consumers_caches: list[dict[str, Any]] = []
-    for t in range(tp):
-        with api.set_current_vllm_config(dcfg), keep_affinity(), tp_identity(t, tp):
-            consumer = api.KVConnectorFactory.create_connector(
-                config=dcfg, role=api.KVConnectorRole.WORKER, kv_cache_config=dkc
-            )
-        dkv = api.allocate_kv_cache(dkc, device, layout)
-        with api.set_current_vllm_config(dcfg), tp_identity(t, tp):
-            consumer.register_kv_caches(dkv)
-        _check_registration(nixl_of(consumer, decode).connector_worker, plan, f"consumer {t}")
-        consumers.append(consumer)
-        consumers_caches.append(dkv)
-    return consumers, consumers_caches
-
-
-def _handshake(cw: Any, engine_id: str, port: int, tp: int, waits: Waits) -> None:
-    """A consumer's real handshake over the side channel, with the producer rank(s) its
-    transfer topology maps it to (with equal TP: the producer of the same tp rank)."""
-    import zmq
-
-    fut = cw._ensure_handshake(engine_id, "127.0.0.1", port, tp)
-
-    def done() -> bool:
-        if fut is not None and fut.done() and fut.exception() is not None:
-            exc = fut.exception()
-            if isinstance(exc, zmq.Again):
-                # vLLM's own bound on the side channel's reply (RCVTIMEO, 5 s) expired: a
-                # timeout on a loaded machine, not a broken producer.
-                raise WaitTimeout("the NIXL handshake's side-channel reply", VLLM_HANDSHAKE_S)
-            raise ClusterError(f"NIXL handshake with the producer failed: {exc}")
-        return fut is None or engine_id in cw._remote_agents
-
-    waits.until(done, "the NIXL handshake with the producer")
-
-
 def _settle(api: SimpleNamespace, plan: DevicePlan) -> None:
     if plan.device == "cuda":
         api.torch.cuda.synchronize()
-
-
-def _check_registration(nixl_worker: Any, plan: DevicePlan, who: str) -> None:
-    """vLLM decides the NIXL memory type and host staging itself; refuse a cluster where
-    it did not do what the plan says (e.g. a CUDA run that silently staged through DRAM)."""
-    # region_mem_types: what register_kv_caches actually registered, region by region
-    # (base_worker.py: DRAM for a host tensor, nixl_memory_type for a device one).
-    kinds = sorted(set(nixl_worker.region_mem_types)) or ["nothing"]
-    host = nixl_worker.use_host_buffer
-    if kinds != [plan.nixl_memory] or host:
-        raise ClusterError(
-            f"{who}: vLLM registered its KV caches as {'+'.join(kinds)} (host buffer {host}); "
-            f"device {plan.device} expects {plan.nixl_memory} without a host buffer"
-        )
 
 
 _POOL: dict[PoolKey, list[Cluster]] = {}

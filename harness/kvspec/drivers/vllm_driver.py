@@ -43,7 +43,7 @@ from kvspec.drivers.base import Driver, MissingAction
 from kvspec.drivers.patches import get_patch
 from kvspec.drivers.push_actions import PushActions, TransferCorrupted
 from kvspec.drivers.vllm_cluster import Cluster, acquire, discard, release
-from kvspec.drivers.vllm_env import BLOCK_SIZE
+from kvspec.drivers.vllm_env import BLOCK_SIZE, runner_output
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
 from kvspec.drivers.vllm_view import Read, Step, req_id, spec_r
 from kvspec.matrix import ModelRow
@@ -255,12 +255,10 @@ class VllmDriver(PushActions, Driver):
             wmeta = conn.build_connector_worker_meta()
         finally:
             conn.clear_connector_metadata()
-        ids = list(so.num_scheduled_tokens)
-        return api.ModelRunnerOutput(
-            req_ids=ids,
-            req_id_to_index={rid: i for i, rid in enumerate(ids)},
-            sampled_token_ids=[[7] for _ in ids],
-            kv_connector_output=api.KVConnectorOutput(
+        return runner_output(
+            api,
+            so,
+            api.KVConnectorOutput(
                 finished_sending=set(res.finished_sending) or None,
                 finished_recving=set(res.finished_recving) or None,
                 failed_recving=set(res.failed_recving),

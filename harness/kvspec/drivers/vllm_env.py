@@ -297,6 +297,18 @@ def vllm_config(
     return cfg
 
 
+def runner_output(api: SimpleNamespace, so: Any, kv_output: Any) -> Any:
+    """A rank's synthetic ModelRunnerOutput for scheduler output `so` (the forward replaced:
+    one sampled token per scheduled request) carrying its connector's `kv_output`."""
+    ids = list(so.num_scheduled_tokens)
+    return api.ModelRunnerOutput(
+        req_ids=ids,
+        req_id_to_index={rid: i for i, rid in enumerate(ids)},
+        sampled_token_ids=[[7] for _ in ids],
+        kv_connector_output=kv_output,
+    )
+
+
 def kv_cache_config(api: SimpleNamespace, cfg: Any) -> Any:
     """One rank's KV cache: its share of the KV heads (vLLM shards heads over TP)."""
     tp = int(cfg.parallel_config.tensor_parallel_size)
