@@ -29,7 +29,7 @@ pytestmark = pytest.mark.vllm
 
 require_vllm_driver()
 
-from kvspec.drivers import vllm_cluster  # noqa: E402
+from kvspec.drivers import vllm_consumers  # noqa: E402
 from kvspec.drivers.vllm_driver import VllmDriver  # noqa: E402
 
 
@@ -58,7 +58,7 @@ def test_vllms_own_handshake_timeout_is_a_wait_timeout_any_other_failure_is_not(
         fut: Future[None] = Future()
         fut.set_exception(exc)
         cw = SimpleNamespace(_ensure_handshake=lambda *a: fut, _remote_agents={})
-        vllm_cluster._handshake(cw, "engine", 1, 1, Waits())
+        vllm_consumers.handshake(cw, "engine", 1, 1, Waits())
 
     with pytest.raises(WaitTimeout, match="side-channel reply did not happen in 5.0s"):
         handshake(zmq.Again())  # vLLM's RCVTIMEO expired: a timeout under load
