@@ -19,7 +19,8 @@ LANES = {
     "D workers": ("reg", "xf", "h"),
     "producer ranks": ("pin", "pst"),
 }
-_EMPTY = ("{}", "frozenset()", "False", "0", "'none'")
+# Map entries not worth a cell: an empty set or map, False, 0, "none" (as _short prints them).
+_EMPTY = (":{}", ":[]", ":False", ":0", ":none")
 
 
 def _short(v: Any) -> str:

@@ -43,7 +43,13 @@ from kvspec.drivers.base import MissingAction
 from kvspec.drivers.vllm_cluster import DECODE_COMPOSITIONS as DECODE
 from kvspec.drivers.vllm_consumers import nixl_of
 from kvspec.drivers.vllm_driver import VllmDriver
-from kvspec.drivers.vllm_env import BLOCK_SIZE, kv_cache_config, runner_output, vllm_config
+from kvspec.drivers.vllm_env import (
+    BLOCK_SIZE,
+    DriverUnavailable,
+    kv_cache_config,
+    runner_output,
+    vllm_config,
+)
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
 from kvspec.drivers.vllm_view import req_id
 from kvspec.matrix import ModelRow, Topology
@@ -98,10 +104,11 @@ class DecodeDriver:
     def __init__(self, row: SweepRow, device: str = "cpu", waits: Waits = DEFAULT_WAITS) -> None:
         c = row.consts
         if c["PTP"] != c["DTP"] or c["MLA"] or c["FullHit"] or c["Composition"] not in DECODE:
-            raise MissingAction(f"{row.name}: the decode driver runs P TP = D TP, no MLA, "
-                                f"no full hits, composition in {DECODE}")  # fmt: skip
+            # A row this driver cannot build is unavailable here, not a divergence.
+            raise DriverUnavailable(f"{row.name}: the decode driver runs P TP = D TP, no MLA, "
+                                    f"no full hits, composition in {DECODE}")  # fmt: skip
         if c["Bug"] != "none":
-            raise MissingAction(f"{row.name}: bugs are mutants of the real code here")
+            raise DriverUnavailable(f"{row.name}: bugs are mutants of the real code here")
         self.row, self.waits, self.N = row, waits, row.requests
         self.T = int(c["DTP"])
         prow = ModelRow(
