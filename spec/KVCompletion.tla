@@ -202,6 +202,11 @@ vars == <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, not
 
 Holding == {r \in Reqs : req[r] \in {"running", "sending", "aborted-held"}}
 
+\* Every request is in the scheduler's waiting queue from the start: the model checks
+\* every admission order.  Trace validation (spec/KVTrace.tla) overrides this with the
+\* requests a recorded engine had received (Scheduler.add_request) by then.
+Arrived(r) == TRUE
+
 TypeOK ==
     /\ req \in [Reqs -> ReqStates]
     /\ needSend \subseteq Reqs /\ notProc \subseteq Reqs /\ finReqs \subseteq Reqs
@@ -253,7 +258,7 @@ schedule ==
     \* has_requests(), or the offloading child's has_pending_push_work (jobs in flight)
     /\ (\E r \in Reqs : req[r] # "freed") \/ (\E r \in Reqs : jobs[r] > 0)
     /\ LET free == Capacity - Cardinality(Holding)
-           waiting == {r \in Reqs : req[r] = "waiting"}
+           waiting == {r \in Reqs : req[r] = "waiting" /\ Arrived(r)}
            admit == {r \in waiting : Cardinality({q \in waiting : q < r}) < free}
            newJobs == IF Offload THEN admit ELSE {}
            reused == IF Offload /\ admit # {}

@@ -247,6 +247,15 @@ add_conform_parser = _stage_parser("conform", "replay traces on a driver: which 
 add_mutants_parser = _stage_parser("mutants", "mutation campaign against the installed vLLM")
 add_lease_parser = _stage_parser("lease", "the lease-clock sweep (spec/LeaseClock.tla)")
 add_decode_parser = _stage_parser("decode", "the decode-side round trip (spec/Decode.tla)")
+add_validate_parser = _stage_parser(
+    "validate", "is a recorded real run (kvspec record) a behaviour of the spec, per design"
+)
+add_record_parser = _stage_parser(
+    "record", "how to record a real engine's connector calls", "record_cmd"
+)
+add_scenario_parser = _stage_parser(
+    "scenario", "run real vLLM engines, record, validate, check the end state"
+)
 
 
 PARSERS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
@@ -259,6 +268,9 @@ PARSERS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], No
     add_mutants_parser,
     add_lease_parser,
     add_decode_parser,
+    add_validate_parser,
+    add_record_parser,
+    add_scenario_parser,
 ]
 
 

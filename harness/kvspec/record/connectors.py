@@ -1,0 +1,241 @@
+"""Recording connectors: vLLM's own NixlConnector and MultiConnector under their own
+names, each call passed through unchanged and logged (kvspec.record.log).
+
+Use: `kv_transfer_config = {"kv_connector": "NixlConnector", "kv_connector_module_path":
+"kvspec.record.connectors", ...}` and `KVSPEC_RECORD_DIR=DIR` in the engine's
+environment. vLLM's factory imports the module path before its registry
+(kv_connector/factory.py:get_connector_class), so the engine runs this subclass.
+
+The scheduler's own steps (schedule, update_from_output, add_request, finish_requests,
+_free_blocks) are not connector calls; the scheduler-side connector wraps those methods of
+vLLM's Scheduler class once per process. Each wrapper calls the original first and records
+after it returns, and records only for a scheduler whose connector is a recording one.
+Why a patch and not a subclass: the engine builds its Scheduler class from
+`scheduler_config.scheduler_cls`, which a connector cannot choose.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
+    MultiConnector as _VllmMulti,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (
+    NixlConnector as _VllmNixl,
+)
+
+from kvspec.record.log import DIR_ENV, Recorder
+
+_PATCHED = "_kvspec_recording"
+
+
+def _ids(xs: Any) -> set[str]:
+    return {str(x) for x in (xs or ())}
+
+
+def _world(vllm_config: Any) -> int:
+    p = vllm_config.parallel_config
+    pcp = int(getattr(p, "prefill_context_parallel_size", 1) or 1)
+    return int(p.tensor_parallel_size) * int(p.pipeline_parallel_size) * pcp
+
+
+def _rank(vllm_config: Any) -> int:
+    try:
+        from vllm.distributed.parallel_state import get_world_group
+
+        return int(get_world_group().rank_in_group)
+    except Exception:  # noqa: BLE001 - no group yet (tests): the config's rank
+        return int(getattr(vllm_config.parallel_config, "rank", 0) or 0)
+
+
+def _make_recorder(vllm_config: Any, role: Any) -> Recorder:
+    kv = vllm_config.kv_transfer_config
+    is_sched = getattr(role, "name", str(role)).upper().endswith("SCHEDULER")
+    return Recorder(
+        engine=str(kv.engine_id), kv_role=str(kv.kv_role),
+        role="scheduler" if is_sched else "worker",
+        rank=0 if is_sched else _rank(vllm_config), world=_world(vllm_config),
+        directory=Path(os.environ.get(DIR_ENV, "kvspec-record")),
+    )  # fmt: skip
+
+
+def _rec_of(scheduler: Any) -> Recorder | None:
+    return getattr(getattr(scheduler, "connector", None), "_kvspec_rec", None)
+
+
+def _wrap(cls: type, name: str, after: Any) -> None:
+    real = getattr(cls, name)
+
+    @functools.wraps(real)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = real(self, *args, **kwargs)
+        rec = _rec_of(self)
+        if rec is not None:
+            try:
+                after(self, rec, out, *args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - never raise into vLLM
+                rec.emit("recorder_error", where=name, error=repr(exc))
+        return out
+
+    setattr(cls, name, wrapper)
+
+
+def _after_schedule(sched: Any, rec: Recorder, so: Any, *a: Any, **k: Any) -> None:
+    steps: dict[int, int] = sched.__dict__.setdefault("_kvspec_steps", {})
+    n = sched.__dict__["_kvspec_n"] = sched.__dict__.get("_kvspec_n", 0) + 1
+    steps[id(so)] = n
+    new = [r.req_id for r in so.scheduled_new_reqs]
+    rec.emit("schedule", step=n, reqs=new, new=new, finished_req_ids=_ids(so.finished_req_ids))
+
+
+def _after_update(sched: Any, rec: Recorder, out: Any, so: Any, mro: Any, *a: Any,
+                  **k: Any) -> None:  # fmt: skip
+    step = sched.__dict__.get("_kvspec_steps", {}).pop(id(so), None)
+    kv = getattr(mro, "kv_connector_output", None)
+    rec.emit(
+        "update_from_output", step=step,
+        finished_sending=_ids(getattr(kv, "finished_sending", None)),
+        finished_recving=_ids(getattr(kv, "finished_recving", None)),
+        failed_recving=_ids(getattr(kv, "failed_recving", None)),
+    )  # fmt: skip
+
+
+def _after_add(sched: Any, rec: Recorder, out: Any, request: Any, *a: Any, **k: Any) -> None:
+    pool = sched.kv_cache_manager.block_pool
+    rec.emit("add_request", reqs=[request.request_id], free=int(pool.get_num_free_blocks()))
+
+
+def _after_finish(sched: Any, rec: Recorder, out: Any, ids: Any, status: Any, *a: Any,
+                  **k: Any) -> None:  # fmt: skip
+    ids = [ids] if isinstance(ids, str) else list(ids or ())
+    rec.emit("finish_requests", reqs=ids, status=getattr(status, "name", str(status)))
+
+
+def _after_free(sched: Any, rec: Recorder, out: Any, request: Any, *a: Any, **k: Any) -> None:
+    pool = sched.kv_cache_manager.block_pool
+    rec.emit("free_blocks", reqs=[request.request_id], free=int(pool.get_num_free_blocks()))
+
+
+def install_scheduler_hooks() -> None:
+    """Wrap vLLM's Scheduler once per process (idempotent)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    if getattr(Scheduler, _PATCHED, False):
+        return
+    _wrap(Scheduler, "schedule", _after_schedule)
+    _wrap(Scheduler, "update_from_output", _after_update)
+    _wrap(Scheduler, "add_request", _after_add)
+    _wrap(Scheduler, "finish_requests", _after_finish)
+    _wrap(Scheduler, "_free_blocks", _after_free)
+    setattr(Scheduler, _PATCHED, True)
+
+
+def _describe(connector: Any, vllm_config: Any) -> dict[str, Any]:
+    """What kvspec validate needs to pick the spec's constants."""
+    import vllm
+
+    p = vllm_config.parallel_config
+    return {
+        "connector": type(connector).__name__,
+        "children": [type(c).__name__ for c in getattr(connector, "_connectors", ())],
+        "async_scheduling": bool(getattr(vllm_config.scheduler_config, "async_scheduling",
+                                         False)),
+        "tp": int(p.tensor_parallel_size), "pp": int(p.pipeline_parallel_size),
+        "pcp": int(getattr(p, "prefill_context_parallel_size", 1) or 1),
+        "vllm": str(getattr(vllm, "__version__", "?")),
+    }  # fmt: skip
+
+
+def _nixl_worker(connector: Any) -> Any:
+    """The NixlConnectorWorker under this connector or under one of its children."""
+    for c in [connector, *getattr(connector, "_connectors", ())]:
+        w = getattr(c, "connector_worker", None)
+        if w is not None and hasattr(w, "_read_blocks"):
+            return w
+    return None
+
+
+def _wrap_reads(connector: Any, rec: Recorder) -> None:
+    """Record each READ the NIXL worker posts (pull_worker.py:_read_blocks(read_spec,
+    dst_engine_id, request_id, remote_request_id, ...)); absent in a vLLM without it."""
+    worker = _nixl_worker(connector)
+    if worker is None:
+        rec.emit("recorder_note", note="no NIXL _read_blocks: READs not recorded")
+        return
+    real = worker._read_blocks
+
+    @functools.wraps(real)
+    def read_blocks(read_spec: Any, dst_engine_id: Any, request_id: Any,
+                    remote_request_id: Any, *args: Any, **kwargs: Any) -> Any:  # fmt: skip
+        # Stamped at entry: the READ (and its notification, and the producer's free) can
+        # finish before _read_blocks returns.
+        t_ns = time.monotonic_ns()
+        out = real(read_spec, dst_engine_id, request_id, remote_request_id, *args, **kwargs)
+        rec.emit("read", reqs=[request_id], t_ns=t_ns, remote_request_id=str(remote_request_id),
+                 remote_rank=int(getattr(read_spec, "remote_rank", -1)),
+                 remote_engine=str(dst_engine_id), posted=bool(out))  # fmt: skip
+        return out
+
+    worker._read_blocks = read_blocks
+
+
+class _Recording:
+    """The calls recorded on every connector class below (MRO: before vLLM's class)."""
+
+    _kvspec_rec: Recorder
+
+    def __init__(self, vllm_config: Any, role: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(vllm_config, role, *args, **kwargs)  # type: ignore[call-arg]
+        self._kvspec_rec = _make_recorder(vllm_config, role)
+        if self._kvspec_rec.role == "scheduler":
+            install_scheduler_hooks()
+            self._kvspec_rec.emit("start", **_describe(self, vllm_config))
+        else:
+            _wrap_reads(self, self._kvspec_rec)
+
+    def request_finished(self, request: Any, block_ids: Any) -> Any:
+        out = super().request_finished(request, block_ids)  # type: ignore[misc]
+        self._record_finished(request, out)
+        return out
+
+    def request_finished_all_groups(self, request: Any, block_ids: Any) -> Any:
+        out = super().request_finished_all_groups(request, block_ids)  # type: ignore[misc]
+        self._record_finished(request, out)
+        return out
+
+    def _record_finished(self, request: Any, out: Any) -> None:
+        status = getattr(getattr(request, "status", None), "name", "?")
+        self._kvspec_rec.emit("request_finished", reqs=[request.request_id],
+                              delay=bool(out[0]), status=status)  # fmt: skip
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+        out = super().get_transfer_results(finished_req_ids)  # type: ignore[misc]
+        self._kvspec_rec.emit(
+            "get_transfer_results",
+            finished_sending=_ids(out.finished_sending),
+            finished_recving=_ids(out.finished_recving),
+            failed_recving=_ids(getattr(out, "failed_recving", None)),
+        )  # fmt: skip
+        return out
+
+    def get_finished(self, finished_req_ids: set[str]) -> Any:
+        out = super().get_finished(finished_req_ids)  # type: ignore[misc]
+        # vLLM 0.29 has no get_transfer_results: its runner calls get_finished (a tuple).
+        if not hasattr(super(), "get_transfer_results"):
+            sending, recving = out
+            self._kvspec_rec.emit("get_transfer_results", finished_sending=_ids(sending),
+                                  finished_recving=_ids(recving), failed_recving=set())  # fmt: skip
+        return out
+
+
+class NixlConnector(_Recording, _VllmNixl):
+    """vLLM's NixlConnector, recorded."""
+
+
+class MultiConnector(_Recording, _VllmMulti):
+    """vLLM's MultiConnector, recorded (its children are vLLM's own)."""

@@ -1,0 +1,66 @@
+"""Doctored recordings: a real run with one thing made wrong, the way a broken connector
+would have made it. `kvspec validate` must reject each at the doctored event; the tests
+use them as the negative controls of trace validation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kvspec.record.log import Event
+
+
+def _first(events: list[Event], pred: object) -> int:
+    for n, e in enumerate(events):
+        if pred(e):  # type: ignore[operator]
+            return n
+    raise ValueError("the recording has no event to doctor")
+
+
+def drop_finished_sending(events: list[Event], producer: str, rid: str) -> list[Event]:
+    """The first producer worker report of `rid` never names it (a lost notification or a
+    filter that clears it): the scheduler's later finished_sending is then unexplained."""
+    n = _first(events, lambda e: e.engine == producer and e.role == "worker"
+               and e.call == "get_transfer_results"
+               and rid in e.ids("finished_sending"))  # fmt: skip
+    e = events[n]
+    sending = sorted(e.ids("finished_sending") - {rid})
+    return [*events[:n], replace(e, result={**e.result, "finished_sending": sending}),
+            *events[n + 1:]]  # fmt: skip
+
+
+def free_before_read(events: list[Event], producer: str, rid: str) -> list[Event]:
+    """The producer's step that freed `rid` (its update_from_output with rid finished and
+    the free) happens just before the consumer's READ of rid: blocks freed under a READ."""
+    read = _first(events, lambda e: e.call == "read" and e.result.get("remote_request_id") == rid)
+    t = events[read].t_ns - 1
+    moved = [replace(e, t_ns=t) for e in events
+             if e.engine == producer and e.role == "scheduler"
+             and ((e.call == "update_from_output" and rid in e.ids("finished_sending"))
+                  or (e.call == "free_blocks" and rid in e.reqs))]  # fmt: skip
+    if not moved:
+        raise ValueError(f"{rid} was never freed")
+    keys = {(e.pid, e.seq) for e in moved}
+    rest = [e for e in events if (e.pid, e.seq) not in keys]
+    return sorted(rest + moved, key=lambda e: (e.t_ns, e.pid, e.seq))
+
+
+def report_on_rank(events: list[Event], producer: str, rid: str, src: int, dst: int) -> list[Event]:
+    """Producer rank `dst` reports `rid` in the step where rank `src` did, and `src` does
+    not: a report from a rank that was never read from (or never notified)."""
+    n = _first(events, lambda e: e.engine == producer and e.role == "worker" and e.rank == src
+               and e.call == "get_transfer_results"
+               and rid in e.ids("finished_sending"))  # fmt: skip
+    k = sum(1 for e in events[:n] if e.engine == producer and e.rank == src
+            and e.call == "get_transfer_results")  # fmt: skip
+    ranks_dst = [i for i, e in enumerate(events) if e.engine == producer and e.rank == dst
+                 and e.role == "worker" and e.call == "get_transfer_results"]  # fmt: skip
+    m = ranks_dst[k]
+    out = list(events)
+    e = out[n]
+    out[n] = replace(e, result={**e.result,
+                                "finished_sending": sorted(e.ids("finished_sending") - {rid})})
+    f = out[m]
+    out[m] = replace(f, result={**f.result,
+                                "finished_sending": sorted(f.ids("finished_sending") | {rid})})
+    return out

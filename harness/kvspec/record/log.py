@@ -1,0 +1,161 @@
+"""The recording's NDJSON schema (one file per process: engine, role, rank, pid), its
+writer, which never raises into the engine, and its reader, which names the file and line
+of anything it cannot read.
+
+Schema version 1; one JSON object per line:
+
+| field    | type            | meaning                                                     |
+|----------|-----------------|-------------------------------------------------------------|
+| `v`      | int             | schema version (1)                                          |
+| `engine` | str             | `kv_transfer_config.engine_id`                              |
+| `kv_role`| str             | `kv_producer`, `kv_consumer` or `kv_both`                   |
+| `role`   | str             | `scheduler` or `worker`                                     |
+| `rank`   | int             | the worker's rank in its engine's world (0 for scheduler)   |
+| `world`  | int             | the engine's world size (TP x PP x PCP)                     |
+| `pid`    | int             | the process                                                 |
+| `seq`    | int             | the event's index in its file                               |
+| `t_ns`   | int             | `time.monotonic_ns()` at the call's return (one clock for   |
+|          |                 | every process on a host); a `read` at its call's entry      |
+| `call`   | str             | see below                                                   |
+| `step`   | int or null     | the engine step (`Scheduler.schedule` count from 1)         |
+| `reqs`   | list[str]       | request ids the call is about                               |
+| `result` | object          | the call's outcome (per call, below)                        |
+
+Calls: scheduler side `add_request`, `schedule` (`result.new`: newly scheduled ids),
+`update_from_output` (`result.finished_sending`, `finished_recving`, `failed_recving`:
+the aggregated connector output, empty when the step had none), `finish_requests`
+(`result.status`), `request_finished` (`result.delay`, `result.status`), `free_blocks`
+(`result.free`: free blocks after it); worker side `get_transfer_results` (the rank's
+finished_sending / finished_recving / failed_recving) and `read` (a NIXL READ posted:
+`result.remote_request_id`, `result.remote_rank`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+SCHEMA_VERSION = 1
+DIR_ENV = "KVSPEC_RECORD_DIR"
+FIELDS = ("v", "engine", "kv_role", "role", "rank", "world", "pid", "seq", "t_ns", "call")
+
+
+@dataclass(frozen=True)
+class Event:
+    engine: str
+    kv_role: str
+    role: str
+    rank: int
+    world: int
+    pid: int
+    seq: int
+    t_ns: int
+    call: str
+    step: int | None = None
+    reqs: tuple[str, ...] = ()
+    result: dict[str, Any] = field(default_factory=dict)
+
+    def ids(self, key: str) -> frozenset[str]:
+        return frozenset(str(x) for x in self.result.get(key, ()) or ())
+
+
+class RecordError(ValueError):
+    """A recording file that is not schema-v1 NDJSON (message: file:line: what to do)."""
+
+
+def _sorted(xs: Iterable[object]) -> list[str]:
+    return sorted(str(x) for x in xs)
+
+
+@dataclass
+class Recorder:
+    """Writes one process's events. Every failure is swallowed after one line on stderr:
+    a recorder that raises would change the engine it watches."""
+
+    engine: str
+    kv_role: str
+    role: str
+    rank: int
+    world: int
+    directory: Path
+    _seq: int = 0
+    _out: IO[str] | None = None
+    _broken: bool = False
+
+    def _file(self) -> IO[str]:
+        if self._out is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            name = f"{self.engine}-{self.role}-{self.rank}-{os.getpid()}.ndjson"
+            self._out = (self.directory / name).open("a", buffering=1)
+        return self._out
+
+    def emit(self, call: str, *, step: int | None = None, reqs: Iterable[object] = (),
+             t_ns: int | None = None, **result: Any) -> None:  # fmt: skip
+        if self._broken:
+            return
+        try:
+            rec = {
+                "v": SCHEMA_VERSION, "engine": self.engine, "kv_role": self.kv_role,
+                "role": self.role, "rank": self.rank, "world": self.world,
+                "pid": os.getpid(), "seq": self._seq,
+                "t_ns": time.monotonic_ns() if t_ns is None else t_ns,
+                "call": call, "step": step, "reqs": _sorted(reqs),
+                "result": {k: _sorted(v) if isinstance(v, (set, frozenset, list, tuple)) else v
+                           for k, v in result.items()},
+            }  # fmt: skip
+            self._file().write(json.dumps(rec, sort_keys=True) + "\n")
+            self._seq += 1
+        except Exception as exc:  # noqa: BLE001 - never raise into vLLM
+            self._broken = True
+            print(f"kvspec record: recording stopped: {exc!r}", file=sys.stderr)
+
+
+def _event(raw: object, where: str) -> Event:
+    if not isinstance(raw, dict):
+        raise RecordError(f"{where}: not a JSON object; is this a kvspec recording?")
+    missing = [k for k in FIELDS if k not in raw]
+    if missing:
+        raise RecordError(f"{where}: missing {', '.join(missing)}; record with kvspec record")
+    if raw["v"] != SCHEMA_VERSION:
+        raise RecordError(f"{where}: schema v{raw['v']}, this kvspec reads v{SCHEMA_VERSION}")
+    try:
+        return Event(
+            engine=str(raw["engine"]), kv_role=str(raw["kv_role"]), role=str(raw["role"]),
+            rank=int(raw["rank"]), world=int(raw["world"]), pid=int(raw["pid"]),
+            seq=int(raw["seq"]), t_ns=int(raw["t_ns"]), call=str(raw["call"]),
+            step=None if raw.get("step") is None else int(raw["step"]),
+            reqs=tuple(str(r) for r in raw.get("reqs", ())),
+            result=dict(raw.get("result", {})),
+        )  # fmt: skip
+    except (TypeError, ValueError) as exc:
+        raise RecordError(f"{where}: {exc}; fix or drop the line") from exc
+
+
+def read_file(path: Path) -> list[Event]:
+    events = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as exc:
+            # A process killed mid-write leaves a torn last line: say so, keep the rest.
+            raise RecordError(f"{path}:{n}: not JSON ({exc.msg}); drop the line") from exc
+        events.append(_event(raw, f"{path}:{n}"))
+    return events
+
+
+def read_dir(directory: Path) -> list[Event]:
+    """Every event of every `*.ndjson` in `directory`, in monotonic-time order (ties: file
+    order, which keeps one process's events in its own order)."""
+    files = sorted(directory.glob("*.ndjson"))
+    if not files:
+        raise RecordError(f"{directory}: no *.ndjson files; record with kvspec record first")
+    events = [e for f in files for e in read_file(f)]
+    return sorted(events, key=lambda e: (e.t_ns, e.pid, e.seq))

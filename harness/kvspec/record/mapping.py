@@ -1,0 +1,205 @@
+"""A recording (kvspec.record.log events of every process) as spec/KVTrace.tla's Log: which
+engine produced, which request is spec request r, which producer rank w, and one spec
+event per observable step. Pure: no vLLM, no TLC.
+
+Producer steps are numbered by the recording scheduler (`schedule` events); a worker's
+k-th `get_transfer_results` ran step k (the executor hands every worker every step in
+order, an empty one included: kv_connector_model_runner_mixin.py:kv_connector_no_forward).
+A step's execute event is placed when its last rank reported, which is before the
+scheduler's update_from_output of that step (the update waits for those outputs).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvspec.record.log import Event
+
+
+class MappingError(ValueError):
+    """The recording cannot be read as one producer (message says what to pass or fix)."""
+
+
+@dataclass(frozen=True)
+class SpecEvent:
+    """One KVTrace Log record and the recorded event it came from."""
+
+    a: str
+    r: int = 0
+    w: int = 0
+    batch: frozenset[int] = frozenset()
+    out: tuple[frozenset[int], ...] = ()
+    freed: frozenset[int] = frozenset()
+    fin: frozenset[int] = frozenset()
+    source: Event | None = field(default=None, compare=False)
+
+    def describe(self) -> str:
+        parts = [self.a]
+        if self.a in ("arrive", "abort", "read", "recv"):
+            parts.append(f"r={self.r}")
+        if self.a == "read":
+            parts.append(f"w={self.w}")
+        if self.a == "schedule":
+            parts.append(f"batch={sorted(self.batch)}")
+        if self.a == "execute":
+            parts.append("out=" + str([sorted(o) for o in self.out]))
+        if self.a == "update":
+            parts.append(f"finished_sending={sorted(self.freed)} fin={sorted(self.fin)}")
+        return " ".join(parts)
+
+
+@dataclass
+class Mapped:
+    producer: str
+    consumers: list[str]
+    requests: dict[str, int]  # producer request id -> spec r
+    world: int
+    start: dict[str, Any]  # the producer scheduler's "start" event result
+    log: list[SpecEvent]
+    dropped_steps: set[int] = field(default_factory=set)  # idle producer steps, 1-based
+
+
+def _engines(events: list[Event]) -> tuple[str, list[str]]:
+    readers = sorted({e.engine for e in events if e.call == "read"})
+    scheds = sorted({e.engine for e in events if e.call == "schedule"} - set(readers))
+    if len(scheds) != 1:
+        raise MappingError(
+            f"found {len(scheds)} producer engines ({', '.join(scheds) or 'none'}): a "
+            "recording must hold one producer's scheduler (and any number of consumers)"
+        )
+    return scheds[0], readers
+
+
+def _rank_steps(events: list[Event], producer: str) -> dict[tuple[int, int], Event]:
+    """(rank, step) -> that rank's get_transfer_results, by order within the rank."""
+    count: dict[int, int] = defaultdict(int)
+    out: dict[tuple[int, int], Event] = {}
+    for e in sorted(events, key=lambda e: (e.rank, e.pid, e.seq)):
+        if e.engine == producer and e.role == "worker" and e.call == "get_transfer_results":
+            count[e.rank] += 1
+            out[(e.rank, count[e.rank])] = e
+    return out
+
+
+def map_recording(events: list[Event]) -> Mapped:
+    producer, consumers = _engines(events)
+    p_sched = [e for e in events if e.engine == producer and e.role == "scheduler"]
+    start = next((e.result for e in p_sched if e.call == "start"), {})
+    world = max((e.world for e in events if e.engine == producer), default=1)
+    reqs: dict[str, int] = {}
+    for e in p_sched:
+        if e.call == "add_request":
+            reqs.setdefault(e.reqs[0], len(reqs) + 1)
+
+    def r_of(rid: str) -> int:
+        if rid not in reqs:
+            raise MappingError(f"request {rid} was never added to producer {producer}")
+        return reqs[rid]
+
+    def rs(ids: Any) -> frozenset[int]:
+        return frozenset(r_of(str(x)) for x in ids if str(x) in reqs)
+
+    per_rank = _rank_steps(events, producer)
+    # An execute event for step k at the time of its last rank's report.
+    executes: list[tuple[int, int, SpecEvent]] = []
+    k = 1
+    while all((w, k) in per_rank for w in range(world)):
+        evs = [per_rank[(w, k)] for w in range(world)]
+        last = max(evs, key=lambda e: (e.t_ns, e.pid, e.seq))
+        out = tuple(rs(per_rank[(w, k)].ids("finished_sending")) for w in range(world))
+        executes.append((last.t_ns, k, SpecEvent("execute", out=out, source=last)))
+        k += 1
+    exec_at = {(ev.source.pid, ev.source.seq): ev for _, _, ev in executes if ev.source}
+
+    d_to_p: dict[str, str] = {}  # a consumer's request id -> the producer's
+    log: list[SpecEvent] = []
+    finishing: set[int] = set()
+    for e in events:
+        key = (e.pid, e.seq)
+        if key in exec_at:
+            log.append(exec_at[key])
+        if e.engine == producer and e.role == "scheduler":
+            if e.call == "add_request":
+                log.append(SpecEvent("arrive", r=r_of(e.reqs[0]), source=e))
+            elif e.call == "schedule":
+                finishing = set()
+                log.append(SpecEvent("schedule", batch=rs(e.ids("new")), source=e))
+            elif e.call == "request_finished" and e.result.get("status") != "FINISHED_ABORTED":
+                finishing |= rs(e.reqs)
+            elif e.call == "update_from_output":
+                fs = rs(e.ids("finished_sending"))
+                log.append(SpecEvent("update", freed=fs, fin=frozenset(finishing), source=e))
+                finishing = set()
+            elif e.call == "finish_requests" and e.result.get("status") == "FINISHED_ABORTED":
+                log += [SpecEvent("abort", r=r_of(rid), source=e) for rid in e.reqs]
+        elif e.engine in consumers and e.role == "worker":
+            if e.call == "read":
+                prid = str(e.result.get("remote_request_id", ""))
+                d_to_p[e.reqs[0]] = prid
+                w = int(e.result.get("remote_rank", -1))
+                if not 0 <= w < world:
+                    raise MappingError(f"{e.engine} rank {e.rank} read from producer rank "
+                                       f"{w}, outside 0..{world - 1}")  # fmt: skip
+                log.append(SpecEvent("read", r=r_of(prid), w=w, source=e))
+            elif e.call == "get_transfer_results":
+                for rid in sorted(e.ids("finished_recving")):
+                    if rid in d_to_p:
+                        log.append(SpecEvent("recv", r=r_of(d_to_p[rid]), source=e))
+    kept, dropped = drop_idle_steps(log)
+    return Mapped(producer, consumers, reqs, world, dict(start), kept, dropped)
+
+
+# A producer waiting for READs busy-loops empty steps (scheduler.has_requests counts
+# delayed frees): thousands of schedule/execute/update triples that admit, report and emit
+# nothing. After KEEP_IDLE of them in a row (enough to flush reqs_to_send and
+# reqs_not_processed through a pipeline of depth 2) another idle step changes no spec
+# variable, so it is dropped; any other event ends the run.
+KEEP_IDLE = 2
+
+
+def _idle(e: SpecEvent) -> bool:
+    return (e.a == "schedule" and not e.batch) or (e.a == "execute" and not any(e.out)) or (
+        e.a == "update" and not e.freed and not e.fin
+    )
+
+
+def idle_steps(log: list[SpecEvent]) -> set[int]:
+    """Steps (1-based, in the order of their schedule events; execute and update follow
+    their step's order) to drop: idle ones past KEEP_IDLE in a row. A step is idle when its
+    schedule, execute and update all are; an arrive/abort/read/recv event between two steps
+    ends the run."""
+    kinds = ("schedule", "execute", "update")
+    at: dict[str, list[int]] = {k: [] for k in kinds}
+    for n, e in enumerate(log):
+        if e.a in kinds:
+            at[e.a].append(n)
+    steps = min(len(v) for v in at.values())
+    drop: set[int] = set()
+    run, prev_end = 0, -1
+    for s in range(steps):
+        idx = [at[k][s] for k in kinds]
+        other = any(log[n].a not in kinds for n in range(prev_end + 1, min(idx)))
+        prev_end = max(idx)
+        if not all(_idle(log[n]) for n in idx):
+            run = 0
+            continue
+        run = 1 if other else run + 1
+        if run > KEEP_IDLE:
+            drop.add(s + 1)
+    return drop
+
+
+def drop_idle_steps(log: list[SpecEvent]) -> tuple[list[SpecEvent], set[int]]:
+    kinds = ("schedule", "execute", "update")
+    drop = idle_steps(log)
+    count = {k: 0 for k in kinds}
+    kept = []
+    for e in log:
+        if e.a in kinds:
+            count[e.a] += 1
+            if count[e.a] in drop:
+                continue
+        kept.append(e)
+    return kept, drop

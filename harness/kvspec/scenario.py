@@ -1,0 +1,245 @@
+"""`kvspec scenario NAME`: real vLLM engines (one process each, kvspec.scenario_engine) run a
+prefill/decode exchange over NIXL with recording connectors; the recording is validated
+against the spec (kvspec.validate) and the end state is checked: the producer's and the
+consumer's free blocks are back to their baseline and the decode outputs equal a local
+run of the same prompts.
+
+Every wait on an engine has a deadline; one that passes is a timeout, and the scenario is
+then "inconclusive", never "fail" (a loaded machine is not a bug).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvspec.record.log import DIR_ENV, Event, RecordError, read_dir
+from kvspec.scenario_proc import EngineProc, EngineTimeout
+from kvspec.validate import VARIANTS, validate
+
+MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+    "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_hidden_layers": 2, "vocab_size": 512, "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "float32",
+    "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    summary: str
+    requests: int = 2
+    connector: str = "NixlConnector"
+    tp: int = 1
+    sync: bool = False
+    consumer: bool = True  # False: nobody reads; the producer frees on lease expiry
+    lease: int = 0  # kv_lease_duration in s; 0: vLLM's default (30)
+    max_tokens: int = 4
+    # designs the recording must be admitted by (empty: validation not applicable)
+    admits: tuple[str, ...] = VARIANTS
+
+
+SCENARIOS = {
+    s.name: s
+    for s in (
+        Scenario("pd-basic", "P -> D over NIXL, 2 requests, async scheduling (vLLM's default)",
+                 lease=120),
+        Scenario("pd-sync", "P -> D over NIXL, 2 requests, synchronous scheduling", sync=True),
+        Scenario("lease-expiry", "P only, nobody reads: blocks freed when the 2 s lease expires",
+                 requests=1, consumer=False, lease=2),
+    )
+}  # fmt: skip
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class ScenarioResult:
+    name: str
+    verdict: str  # "pass" | "fail" | "inconclusive"
+    seconds: float
+    events: int = 0
+    validate_s: float = 0.0
+    admitted: list[str] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    detail: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name, "verdict": self.verdict, "seconds": round(self.seconds, 1),
+            "events": self.events, "validate_s": round(self.validate_s, 2),
+            "admitted": self.admitted, "detail": self.detail,
+            "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in self.checks],
+        }  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def prompts(n: int) -> list[list[int]]:
+    """n distinct prompts of 40 tokens (two 32-token blocks, the second partial)."""
+    return [[3 + (7 * i + j) % 500 for j in range(40)] for i in range(n)]
+
+
+def frees_of(events: list[Event], engine: str) -> tuple[int | None, int | None, set[str]]:
+    """(free blocks at the first add_request, after the last free, requests freed)."""
+    mine = [e for e in events if e.engine == engine and e.role == "scheduler"]
+    base = next((e.result.get("free") for e in mine if e.call == "add_request"), None)
+    frees = [e for e in mine if e.call == "free_blocks"]
+    last = frees[-1].result.get("free") if frees else None
+    return base, last, {r for e in frees for r in e.reqs}
+
+
+def wait_until(pred: Callable[[], bool], timeout_s: float, *,
+               clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], None] = time.sleep) -> bool:  # fmt: skip
+    deadline = clock() + timeout_s
+    while not pred():
+        if clock() >= deadline:
+            return False
+        sleep(0.5)
+    return True
+
+
+def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
+            cmd: list[str] | None) -> EngineProc:  # fmt: skip
+    env = {**os.environ, DIR_ENV: str(rec), "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+           "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1",
+           # vLLM logs to stdout by default; stdout is the engine's answer channel
+           "VLLM_LOGGING_STREAM": "ext://sys.stderr"}  # fmt: skip
+    args = cmd or [sys.executable, "-m", "kvspec.scenario_engine"]
+    args = [*args, "--model", str(model), "--engine-id", eid, "--connector", sc.connector,
+            "--tp", str(sc.tp), "--lease", str(sc.lease),
+            *(["--sync"] if sc.sync else [])]  # fmt: skip
+    return EngineProc(args, env, logs / f"{eid}.log")
+
+
+def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float = 300,
+                 engine_cmd: list[str] | None = None) -> ScenarioResult:  # fmt: skip
+    t0 = time.monotonic()
+    model = out / "model"
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    rec = out / "record"
+    for f in rec.glob("*.ndjson"):
+        f.unlink()
+    res = ScenarioResult(sc.name, "inconclusive", 0.0)
+    engines = [_engine(sc, "P", model, rec, out, engine_cmd)]
+    if sc.consumer:
+        engines.append(_engine(sc, "D", model, rec, out, engine_cmd))
+    try:
+        for e in engines:
+            e.ask(None, start_s)  # the "ready" line
+        ps = prompts(sc.requests)
+        pre = engines[0].ask({"cmd": "generate", "prompts": ps, "max_tokens": 1,
+                              "remote_decode": True, "tag": "p"}, step_s)  # fmt: skip
+        params = [o["params"] for o in pre["outputs"]]
+        if sc.consumer:
+            d = engines[1]
+            got = d.ask({"cmd": "generate", "prompts": ps, "max_tokens": sc.max_tokens,
+                         "params": params, "tag": "d"}, step_s)  # fmt: skip
+            ref = d.ask({"cmd": "generate", "prompts": ps, "max_tokens": sc.max_tokens,
+                         "tag": "local"}, step_s)  # fmt: skip
+            same = [o["tokens"] for o in got["outputs"]] == [o["tokens"] for o in ref["outputs"]]
+            res.checks.append(Check("decode outputs equal a local run", same,
+                                    f"P/D {got['outputs'][0]['tokens']} local "
+                                    f"{ref['outputs'][0]['tokens']}"))  # fmt: skip
+
+        def p_freed() -> bool:
+            try:
+                return len(frees_of(read_dir(rec), "P")[2]) >= sc.requests
+            except RecordError:
+                return False
+
+        if not wait_until(p_freed, step_s):
+            raise EngineTimeout(f"producer did not free {sc.requests} requests in {step_s:.0f} s")
+    except EngineTimeout as exc:
+        res.detail = f"timeout: {exc}"
+        return _done(res, t0, engines)
+    finally:
+        for e in engines:
+            e.close()
+    _done(res, t0, engines)
+    return _done(_judge(sc, rec, out, res), t0, [])
+
+
+def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioResult:
+    events = read_dir(rec)
+    for eid in ["P"] + (["D"] if sc.consumer else []):
+        base, last, freed = frees_of(events, eid)
+        res.checks.append(Check(f"{eid} free blocks back to baseline", base is not None
+                                and base == last, f"baseline {base}, end {last}, "
+                                f"{len(freed)} requests freed"))  # fmt: skip
+    t = time.monotonic()
+    v = validate(rec, out / "validate")
+    res.validate_s = time.monotonic() - t
+    res.events = len(events)
+    res.admitted = v.admitted
+    res.checks.append(Check("admitted by " + ", ".join(sc.admits),
+                            set(sc.admits) <= set(v.admitted),
+                            "admitted: " + (", ".join(v.admitted) or "none")))  # fmt: skip
+    res.verdict = "pass" if all(c.ok for c in res.checks) else "fail"
+    return res
+
+
+def _done(res: ScenarioResult, t0: float, engines: list[EngineProc]) -> ScenarioResult:
+    for e in engines:
+        e.close()
+        with e.log.open("a") as f:
+            f.writelines(f"kvspec scenario: {t:.3f} {kind} {what}\n" for t, kind, what in e.timings)
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+def print_result(r: ScenarioResult) -> None:
+    print(f"{r.name}: {r.verdict.upper()} in {r.seconds:.0f} s; {r.events} events, "
+          f"validated in {r.validate_s:.1f} s {r.detail}")  # fmt: skip
+    for c in r.checks:
+        print(f"  [{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail}")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("names", nargs="*", help=f"scenarios (default: all): {', '.join(SCENARIOS)}")
+    p.add_argument("--out", type=Path, default=Path("build/scenario"))
+    p.add_argument("--json", type=Path, help="write the results as JSON here")
+    p.add_argument("--attempts", type=int, default=2, help="runs of a scenario that timed out")
+
+
+def run(args: argparse.Namespace) -> int:
+    unknown = [n for n in args.names if n not in SCENARIOS]
+    if unknown:
+        print(f"kvspec scenario: unknown {', '.join(unknown)}; known: {', '.join(SCENARIOS)}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    results = []
+    for name in args.names or list(SCENARIOS):
+        for attempt in range(max(1, args.attempts)):
+            r = run_scenario(SCENARIOS[name], args.out / name)
+            if r.verdict != "inconclusive":
+                break
+            print(f"{name}: attempt {attempt + 1} timed out ({r.detail}); retrying")
+        print_result(r)
+        results.append(r)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([r.to_json() for r in results], indent=2))
+    if any(r.verdict == "fail" for r in results):
+        return 1
+    return 2 if any(r.verdict == "inconclusive" for r in results) else 0

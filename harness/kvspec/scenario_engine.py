@@ -1,0 +1,112 @@
+"""One real vLLM engine of a scenario (`python -m kvspec.scenario_engine`), driven by JSON
+lines on stdin, answering JSON lines on stdout; vLLM's own output goes to stderr (the
+scenario runner sends it to a log file).
+
+Commands: {"cmd": "generate", "prompts": [[ids]], "max_tokens": N, "params": [kv params or
+null], "remote_decode": bool} -> {"outputs": [{"tokens": [...], "params": {...}}]};
+{"cmd": "exit"}. The engine is `vllm.LLM` with a recording connector
+(kvspec.record.connectors), dummy weights and a local config.json: no download.
+
+The engine core runs in its own process (vLLM's default) and keeps stepping while a
+finished request waits for its KV to be read (scheduler.has_requests counts delayed
+frees), so the producer serves READs while this process waits for the next command.
+Spawned processes re-import this module: everything runs under the __main__ guard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def engine_args(a: argparse.Namespace) -> dict[str, Any]:
+    extra: dict[str, Any] = {}
+    if a.lease:
+        extra["kv_lease_duration"] = a.lease
+    kv: dict[str, Any] = {
+        "kv_connector": a.connector, "kv_connector_module_path": "kvspec.record.connectors",
+        "kv_role": "kv_both", "engine_id": a.engine_id, "kv_buffer_device": "cpu",
+        "kv_connector_extra_config": extra,
+    }  # fmt: skip
+    if a.connector == "MultiConnector":
+        # MultiConnector(NIXL, vLLM's ExampleConnector): children are vLLM's own classes.
+        kv["kv_connector_extra_config"] = {**extra, "connectors": [
+            {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu",
+             "kv_connector_extra_config": extra},
+            {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+             "kv_connector_extra_config": {"shared_storage_path": a.storage}},
+        ]}  # fmt: skip
+    return {
+        "model": a.model, "load_format": "dummy", "skip_tokenizer_init": True,
+        # float32: bfloat16 + NIXL crashes the CPU AMX attention kernel (shared facts)
+        "dtype": "float32", "block_size": 32, "max_model_len": 256, "enforce_eager": True,
+        "max_num_seqs": 8, "enable_prefix_caching": False, "seed": 0,
+        "tensor_parallel_size": a.tp, "async_scheduling": not a.sync,
+        "kv_transfer_config": kv,
+    }  # fmt: skip
+
+
+def _reply(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def serve(a: argparse.Namespace) -> None:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(**engine_args(a))
+    _reply({"ready": True})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["cmd"] == "exit":
+            break
+        params = cmd.get("params") or [None] * len(cmd["prompts"])
+        sps = []
+        for p in params:
+            kvp = p if p is not None else (
+                {"do_remote_decode": True} if cmd.get("remote_decode") else None)
+            sps.append(SamplingParams(
+                max_tokens=cmd["max_tokens"], ignore_eos=True, detokenize=False,
+                extra_args={"kv_transfer_params": kvp} if kvp else None,
+            ))  # fmt: skip
+        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in cmd["prompts"]]
+        _reply({"outputs": _generate(llm, prompts, sps, cmd.get("tag", "q"))})
+
+
+def _generate(llm: Any, prompts: list[Any], sps: list[Any], tag: str) -> list[dict[str, Any]]:
+    """Add every request, then step until each has finished. Not LLM.generate: it returns
+    only once the engine core is idle, and a producer is not idle while it holds finished
+    requests' blocks for a READ (scheduler.has_requests), which this process is about to
+    hand to the consumer: generate would wait for the lease to expire."""
+    engine = llm.llm_engine
+    ids = [f"{tag}{n}" for n in range(len(prompts))]
+    for rid, prompt, sp in zip(ids, prompts, sps, strict=True):
+        engine.add_request(rid, prompt, sp)
+    done: dict[str, Any] = {}
+    while len(done) < len(ids):
+        for out in engine.step():
+            if out.finished and out.request_id in ids:
+                done[out.request_id] = out
+    return [
+        {"tokens": list(done[r].outputs[0].token_ids), "params": done[r].kv_transfer_params}
+        for r in ids
+    ]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--engine-id", required=True)
+    p.add_argument("--connector", default="NixlConnector")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--sync", action="store_true", help="async_scheduling off")
+    p.add_argument("--lease", type=int, default=0, help="kv_lease_duration (s); 0: default")
+    p.add_argument("--storage", default="/tmp/kvspec-example-storage")
+    serve(p.parse_args())
+
+
+if __name__ == "__main__":
+    main()

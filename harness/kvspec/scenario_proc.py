@@ -1,0 +1,87 @@
+"""A scenario's engine process: JSON lines in and out with a deadline on every answer.
+
+A reader thread moves stdout lines into a queue, so a wait is a `queue.get(timeout=)`: an
+engine that hangs, or a machine too loaded to answer in time, raises EngineTimeout (the
+scenario is inconclusive), and `close` kills the process group, vLLM's children included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+
+class EngineTimeout(TimeoutError):
+    """An engine did not answer before its deadline (or died without answering)."""
+
+
+class EngineProc:
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self._log = log.open("ab")
+        self.proc = subprocess.Popen(
+            args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+            start_new_session=True,
+        )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        # (monotonic s, "send" | "answer", what): when each exchange happened, for the log
+        self.timings: list[tuple[float, str, str]] = []
+        assert self.proc.stdout is not None
+        threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True).start()
+
+    def _read(self, out: IO[bytes]) -> None:
+        for raw in out:
+            self._lines.put(raw.decode(errors="replace"))
+        self._lines.put(None)  # EOF: the engine exited
+
+    def ask(self, cmd: dict[str, Any] | None, timeout_s: float) -> dict[str, Any]:
+        """Send `cmd` (None: send nothing) and return the next JSON line the engine prints;
+        lines that are not JSON objects (a library printing to stdout) are skipped."""
+        self.timings.append((time.monotonic(), "send", (cmd or {}).get("cmd", "wait")))
+        if cmd is not None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
+            self.proc.stdin.flush()
+        while True:
+            try:
+                line = self._lines.get(timeout=timeout_s)
+            except queue.Empty:
+                raise EngineTimeout(f"no answer in {timeout_s:.0f} s (log: {self.log})") from None
+            if line is None:
+                raise EngineTimeout(f"engine exited with {self.proc.wait()} (log: {self.log})")
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                self.timings.append((time.monotonic(), "answer", ",".join(sorted(obj))))
+                return obj
+
+    def close(self, grace_s: float = 10) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(b'{"cmd": "exit"}\n')
+                self.proc.stdin.flush()
+                self.proc.wait(grace_s)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+        else:
+            try:  # vLLM's engine-core and worker children share the group
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._log.close()

@@ -1,0 +1,199 @@
+"""`kvspec validate TRACE_DIR`: is a recorded run (kvspec record) a behaviour of the spec,
+and of which designs? The recording is mapped to KVTrace.tla's Log (kvspec.record.mapping)
+and TLC explores KVTrace's TraceSpec once per design: the run is admitted iff a state that
+explained every event is reachable. When it is not, the first event no spec step explains
+is printed with the spec states that explained everything before it.
+
+A TLC run that times out or fails says nothing about the trace: that design is
+"inconclusive", never admitted or rejected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvspec.matrix import SPEC_FILE, ModelRow, Topology
+from kvspec.record.log import Event, RecordError, read_dir
+from kvspec.record.mapping import Mapped, MappingError, SpecEvent, map_recording
+from kvspec.statgraph import parse_dot
+from kvspec.tlc import run_tlc
+from kvspec.tlcvalue import Value, to_tla
+
+TRACE_SPEC = SPEC_FILE.parent / "KVTrace.tla"
+VARIANTS = ("v0.29", "v0.30-shipped", "fixed", "naive-replicas")
+SHOWN = ("req", "steps", "toProcess", "lease", "expired", "notif", "rd", "agg")
+
+
+@dataclass
+class DesignVerdict:
+    variant: str
+    verdict: str  # "admitted" | "rejected" | "inconclusive"
+    explained: int = 0  # events explained (all of them when admitted)
+    states: list[dict[str, Value]] = field(default_factory=list)  # at the first unexplained
+    detail: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "variant": self.variant, "verdict": self.verdict, "explained": self.explained,
+            "states": [{k: to_tla(v) for k, v in s.items() if k in SHOWN}
+                       for s in self.states],
+            "detail": self.detail,
+        }  # fmt: skip
+
+
+def composition(start: dict[str, object]) -> str:
+    """KVCompletion's Composition for the recorded connector (MappingError otherwise)."""
+    conn = str(start.get("connector", "NixlConnector"))
+    children = [str(c) for c in start.get("children", []) or []]  # type: ignore[attr-defined]
+    if conn == "NixlConnector":
+        return "nixl"
+    if conn == "MultiConnector" and children[:1] == ["NixlConnector"]:
+        rest = children[1:]
+        if rest == ["HF3FSKVConnector"]:
+            return "multi-nixl-hf3fs"
+        if rest == ["OffloadingConnector"]:
+            return "multi-nixl-offload-upstream"
+    raise MappingError(
+        f"connector {conn}{children or ''} has no KVCompletion composition; the spec knows "
+        "NixlConnector and MultiConnector(NixlConnector, HF3FSKVConnector|OffloadingConnector)"
+    )
+
+
+def row_for(m: Mapped, variant: str) -> ModelRow:
+    """The model row of the recorded deployment: its topology, its requests, one request
+    per KV slot (the recorded pool was never the bottleneck: see spec/README.md)."""
+    s = m.start
+    n = max(1, len(m.requests))
+    topo = Topology(int(str(s.get("tp", m.world))), int(str(s.get("pp", 1))),
+                    int(str(s.get("pcp", 1))))  # fmt: skip
+    return ModelRow(
+        name=f"recorded-{variant}", variant=variant, composition=composition(s),
+        topology=topo, requests=n, capacity=n,
+        async_scheduling=bool(s.get("async_scheduling", False)),
+    )  # fmt: skip
+
+
+def _record(e: SpecEvent) -> str:
+    def st(xs: frozenset[int]) -> str:
+        return "{" + ", ".join(str(x) for x in sorted(xs)) + "}"
+
+    out = "<<" + ", ".join(st(o) for o in e.out) + ">>"
+    return (f'[a |-> "{e.a}", r |-> {e.r}, w |-> {e.w}, batch |-> {st(e.batch)}, '
+            f"out |-> {out}, freed |-> {st(e.freed)}, fin |-> {st(e.fin)}]")  # fmt: skip
+
+
+def trace_module(log: list[SpecEvent]) -> str:
+    body = ",\n    ".join(_record(e) for e in log)
+    return ("---- MODULE KVTraceRun ----\nEXTENDS KVTrace\n"
+            f"TheLog == <<\n    {body}\n>>\n====\n")  # fmt: skip
+
+
+def trace_cfg(row: ModelRow) -> str:
+    lines = ["CONSTANTS"] + [f"  {k} = {v}" for k, v in row.constants().items()]
+    lines += ["  Log <- TheLog", "  Arrived <- TraceArrived", "INIT TraceInit",
+              "NEXT TraceNext", "INVARIANT TraceUnfinished"]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def check_design(m: Mapped, variant: str, work: Path, timeout_s: float = 300) -> DesignVerdict:
+    try:
+        row = row_for(m, variant)
+    except ValueError as exc:  # an ASSUME this design rejects (matrix.py checks them)
+        return DesignVerdict(variant, "inconclusive", detail=str(exc))
+    d = work / variant
+    d.mkdir(parents=True, exist_ok=True)
+    for f in (SPEC_FILE, TRACE_SPEC):
+        shutil.copy(f, d / f.name)
+    (d / "KVTraceRun.tla").write_text(trace_module(m.log))
+    cfg = d / "KVTraceRun.cfg"
+    cfg.write_text(trace_cfg(row))
+    dot = d / "states.dot"
+    res = run_tlc(d / "KVTraceRun.tla", cfg, deadlock=False, dump_dot=dot, log_dir=d,
+                  timeout_s=timeout_s)  # fmt: skip
+    if res.verdict == "violated" and res.violated_property == "TraceUnfinished":
+        return DesignVerdict(variant, "admitted", len(m.log))
+    if res.verdict != "holds":
+        return DesignVerdict(variant, "inconclusive",
+                             detail=f"TLC {res.verdict}: {res.error or res.violated_property}; "
+                                    f"log {res.log_path}")  # fmt: skip
+    graph = parse_dot(dot.read_text())
+    reached = max(int(str(s["logIdx"])) for s in graph.states.values())
+    at = [s for s in graph.states.values() if s["logIdx"] == reached]
+    return DesignVerdict(variant, "rejected", reached, at[:3])
+
+
+@dataclass
+class Validation:
+    mapped: Mapped
+    designs: list[DesignVerdict]
+
+    @property
+    def admitted(self) -> list[str]:
+        return [d.variant for d in self.designs if d.verdict == "admitted"]
+
+
+def validate_events(events: list[Event], work: Path,
+                    variants: tuple[str, ...] = VARIANTS) -> Validation:  # fmt: skip
+    mapped = map_recording(events)
+    return Validation(mapped, [check_design(mapped, v, work) for v in variants])
+
+
+def validate(trace_dir: Path, work: Path, variants: tuple[str, ...] = VARIANTS) -> Validation:
+    return validate_events(read_dir(trace_dir), work, variants)
+
+
+def _event_line(e: SpecEvent) -> str:
+    src = e.source
+    where = f"{src.engine} {src.role} {src.rank} #{src.seq} {src.call}" if src else "?"
+    return f"{e.describe()}   <- {where}"
+
+
+def print_validation(v: Validation) -> None:
+    m = v.mapped
+    print(f"producer {m.producer} (world {m.world}), consumers {', '.join(m.consumers) or '-'};"
+          f" {len(m.requests)} requests, {len(m.log)} spec events")  # fmt: skip
+    for d in v.designs:
+        if d.verdict == "admitted":
+            print(f"  {d.variant:16} admitted: all {d.explained} events explained")
+        elif d.verdict == "inconclusive":
+            print(f"  {d.variant:16} inconclusive: {d.detail}")
+        else:
+            e = m.log[d.explained]
+            print(f"  {d.variant:16} rejected at event {d.explained + 1}/{len(m.log)}: "
+                  f"{_event_line(e)}")  # fmt: skip
+            for s in d.states[:1]:
+                for k in SHOWN:
+                    if k in s:
+                        print(f"      {k:9} = {to_tla(s[k])}")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace_dir", type=Path, help="a kvspec record directory (*.ndjson)")
+    p.add_argument("--variant", action="append", choices=VARIANTS,
+                   help="only these designs (default: all)")  # fmt: skip
+    p.add_argument("--json", type=Path, help="write the verdicts as JSON here")
+    p.add_argument("--work", type=Path, default=Path("build/validate"))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        v = validate(args.trace_dir, args.work, tuple(args.variant or VARIANTS))
+    except (RecordError, MappingError) as exc:
+        print(f"kvspec validate: {exc}", file=sys.stderr)
+        return 2
+    print_validation(v)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "producer": v.mapped.producer, "events": len(v.mapped.log),
+            "log": [_event_line(e) for e in v.mapped.log],
+            "designs": [d.to_json() for d in v.designs], "admitted": v.admitted,
+        }, indent=2))  # fmt: skip
+    if any(d.verdict == "inconclusive" for d in v.designs) and not v.admitted:
+        return 2
+    return 0 if v.admitted else 1

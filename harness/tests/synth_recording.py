@@ -1,0 +1,87 @@
+"""Synthetic recordings (kvspec.record.log events) of runs the real classes would make, for
+trace-validation tests that need no engine: the shapes are copied from recordings of real
+vLLM 0.32 engines (conformance/recorded/)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvspec.record.log import Event
+
+
+@dataclass
+class Synth:
+    world: int = 1
+    pcp: int = 1
+    async_scheduling: bool = False
+    events: list[Event] = field(default_factory=list)
+    _seq: dict[tuple[str, str, int], int] = field(default_factory=dict)
+    _t: int = 0
+
+    def ev(self, engine: str, role: str, rank: int, call: str, reqs: tuple[str, ...] = (),
+           step: int | None = None, **result: Any) -> None:  # fmt: skip
+        key = (engine, role, rank)
+        seq = self._seq.get(key, 0)
+        self._seq[key] = seq + 1
+        self._t += 10
+        pid = 1000 + 10 * (engine == "D") + (rank + 1 if role == "worker" else 0)
+        world = self.world if engine == "P" else 1
+        self.events.append(Event(engine, "kv_both", role, rank, world, pid, seq, self._t, call,
+                                 step, reqs, result))  # fmt: skip
+
+    def start(self) -> None:
+        self.ev("P", "scheduler", 0, "start", connector="NixlConnector", children=[],
+                async_scheduling=self.async_scheduling, tp=self.world // self.pcp, pp=1,
+                pcp=self.pcp)  # fmt: skip
+
+    def step(self, n: int, new: tuple[str, ...] = (), outs: dict[int, list[str]] | None = None,
+             finished: tuple[str, ...] = (), sending: tuple[str, ...] = ()) -> None:  # fmt: skip
+        """Synchronous step n: schedule, every rank's report, request_finished, update."""
+        self.ev("P", "scheduler", 0, "schedule", new, n, new=list(new), finished_req_ids=[])
+        for w in range(self.world):
+            self.ev("P", "worker", w, "get_transfer_results",
+                    finished_sending=(outs or {}).get(w, []), finished_recving=[],
+                    failed_recving=[])  # fmt: skip
+        for r in finished:
+            self.ev("P", "scheduler", 0, "request_finished", (r,), delay=True,
+                    status="FINISHED_LENGTH_CAPPED")  # fmt: skip
+        self.ev("P", "scheduler", 0, "update_from_output", step=n,
+                finished_sending=list(sending), finished_recving=[], failed_recving=[])  # fmt: skip
+        for r in sending:
+            self.ev("P", "scheduler", 0, "free_blocks", (r,), free=10)
+
+    def read(self, rid: str, rank: int = 0) -> None:
+        self.ev("D", "worker", 0, "read", (f"d-{rid}",), remote_request_id=rid,
+                remote_rank=rank, remote_engine="P", posted=True)  # fmt: skip
+
+    def recv(self, rid: str) -> None:
+        self.ev("D", "worker", 0, "get_transfer_results", finished_sending=[],
+                finished_recving=[f"d-{rid}"], failed_recving=[])  # fmt: skip
+
+
+def one_request() -> list[Event]:
+    """P TP=1: a prefilled, finished, read by D, reported on P's next step, freed."""
+    s = Synth()
+    s.start()
+    s.ev("P", "scheduler", 0, "add_request", ("a",), free=10)
+    s.step(1, new=("a",), finished=("a",))
+    s.step(2)
+    s.read("a")
+    s.recv("a")
+    s.step(3, outs={0: ["a"]}, sending=("a",))
+    return s.events
+
+
+def pcp2_fixed() -> list[Event]:
+    """P PCP=2 as the fixed design runs it: the replica (rank 1) reports a at once from its
+    queue (_replicated_pcp_done_sending), rank 0 after the READ's notification."""
+    s = Synth(world=2, pcp=2)
+    s.start()
+    s.ev("P", "scheduler", 0, "add_request", ("a",), free=10)
+    s.step(1, new=("a",), finished=("a",))
+    s.step(2, outs={1: ["a"]})
+    s.read("a")
+    s.recv("a")
+    s.step(3, outs={0: ["a"]}, sending=("a",))
+    return s.events

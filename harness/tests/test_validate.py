@@ -1,0 +1,117 @@
+"""Trace validation (kvspec validate, spec/KVTrace.tla): recorded runs are admitted by the
+designs that can produce them, and doctored ones are rejected at the doctored event.
+Synthetic recordings (synth_recording.py) need no engine; the committed recordings under
+conformance/recorded/ come from real vLLM 0.32 engines (kvspec scenario)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from kvspec.cli import main
+from kvspec.record import doctored
+from kvspec.record.compact import compact
+from kvspec.record.log import RecordError, read_dir
+from kvspec.record.mapping import MappingError, map_recording
+from kvspec.validate import validate_events
+from synth_recording import one_request, pcp2_fixed
+
+REPO = Path(__file__).resolve().parents[2]
+RECORDED = REPO / "conformance" / "recorded"
+
+
+def _verdicts(events: list, tmp: Path, variants: tuple[str, ...]) -> dict[str, tuple[str, int]]:
+    v = validate_events(events, tmp, variants)
+    return {d.variant: (d.verdict, d.explained) for d in v.designs}
+
+
+def test_a_synthetic_round_trip_is_admitted_by_every_design(tmp_path: Path) -> None:
+    got = _verdicts(one_request(), tmp_path, ("v0.29", "v0.30-shipped", "fixed"))
+    assert {v for v, _ in got.values()} == {"admitted"}
+
+
+def test_a_pcp_replica_reporting_from_its_queue_is_only_the_fixed_design(tmp_path: Path) -> None:
+    got = _verdicts(pcp2_fixed(), tmp_path, ("v0.30-shipped", "fixed"))
+    assert got["fixed"][0] == "admitted"
+    # v0.30-shipped clears the replica's queue: its report is the 6th spec event
+    assert got["v0.30-shipped"] == ("rejected", 5)
+
+
+def _index_of(events: list, pred: object) -> int:
+    log = map_recording(events).log
+    return next(n for n, e in enumerate(log) if pred(e))  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    "doctor, at",
+    [
+        # the report that lost its request: the execute event itself
+        (lambda ev: doctored.drop_finished_sending(ev, "P", "a"),
+         lambda e: e.a == "execute" and e.source.seq == 2),
+        # the free moved before the READ: the update that frees
+        (lambda ev: doctored.free_before_read(ev, "P", "a"), lambda e: e.a == "update" and e.freed),
+    ],
+    ids=["dropped-finished-sending", "free-before-read"],
+)
+def test_doctored_recordings_are_rejected_at_the_doctored_event(
+    doctor: object, at: object, tmp_path: Path
+) -> None:
+    events = doctor(one_request())  # type: ignore[operator]
+    got = _verdicts(events, tmp_path, ("v0.30-shipped", "fixed"))
+    want = _index_of(events, at)
+    assert got == {"v0.30-shipped": ("rejected", want), "fixed": ("rejected", want)}
+
+
+def test_a_report_from_a_rank_never_read_is_rejected_by_every_design(tmp_path: Path) -> None:
+    events = doctored.report_on_rank(pcp2_fixed(), "P", "a", src=1, dst=0)
+    got = _verdicts(events, tmp_path, ("v0.30-shipped", "fixed"))
+    assert {v for v, _ in got.values()} == {"rejected"}
+    assert got["fixed"][1] == _index_of(events, lambda e: e.a == "execute" and any(e.out))
+
+
+def test_a_read_from_a_rank_outside_the_producer_is_a_mapping_error() -> None:
+    events = [e if e.call != "read" else type(e)(**{**e.__dict__, "result": {
+        **e.result, "remote_rank": 3}}) for e in one_request()]  # fmt: skip
+    with pytest.raises(MappingError, match="producer rank 3, outside 0..0"):
+        map_recording(events)
+
+
+def test_a_torn_line_names_file_and_line_and_the_cli_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "P-scheduler-0-1.ndjson").write_text('{"v": 1}\n{"v": 1, "eng')
+    with pytest.raises(RecordError, match=r"P-scheduler-0-1.ndjson:1: missing engine"):
+        read_dir(tmp_path)
+    assert main(["validate", str(tmp_path), "--work", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ndjson:1:" in err[0]
+
+
+def _recorded(name: str) -> Path:
+    d = RECORDED / name
+    if not d.is_dir():
+        pytest.skip(f"{d} not committed")
+    return d
+
+
+def test_compaction_keeps_the_spec_log_of_a_real_recording() -> None:
+    events = read_dir(_recorded("pd-basic"))
+    full = [e.describe() for e in map_recording(events).log]
+    assert [e.describe() for e in map_recording(compact(events)).log] == full
+
+
+def test_the_recorded_real_round_trip_is_admitted(tmp_path: Path) -> None:
+    d = _recorded("pd-basic")
+    meta = json.loads((d / "expect.json").read_text())
+    got = _verdicts(read_dir(d), tmp_path, tuple(meta["admitted"]))
+    assert {v for v, _ in got.values()} == {"admitted"}
+
+
+def test_the_recorded_read_after_lease_expiry_is_rejected_at_the_read(tmp_path: Path) -> None:
+    """A real run (vllm 0.32, `LLM.generate` on the producer) in which the decode engine
+    posted its READ after the producer's 30 s lease expired and the blocks were freed."""
+    d = _recorded("read-after-lease-expiry")
+    events = read_dir(d)
+    got = _verdicts(events, tmp_path, ("fixed",))
+    assert got["fixed"] == ("rejected", _index_of(events, lambda e: e.a == "read"))

@@ -1,0 +1,101 @@
+------------------------------ MODULE KVTrace ------------------------------
+(***************************************************************************)
+(* Trace validation (as CCF's and etcd's): is a run recorded from real     *)
+(* engines (kvspec record) a behaviour of KVCompletion for one design?     *)
+(* Log is the recording mapped to spec terms by kvspec.validate; each     *)
+(* event is explained by exactly one spec action with the observed        *)
+(* parameters and outcomes, or is an observation that changes nothing.     *)
+(* What the recording cannot see happens silently, as often as needed:    *)
+(* READ completion and its notification, heartbeats, lease expiry, store  *)
+(* completion.  The run is a behaviour iff a state with logIdx = Len(Log) is    *)
+(* reachable: TraceUnfinished is then violated, and its counterexample is  *)
+(* the behaviour.  Otherwise the largest logIdx reached names the first event  *)
+(* no spec step explains.                                                  *)
+(*                                                                         *)
+(* Log records: [a, r, w, batch, out, freed, fin]; a is one of            *)
+(*  "arrive"   Scheduler.add_request(r)                                   *)
+(*  "schedule" Scheduler.schedule: newly scheduled requests = batch        *)
+(*  "execute"  every rank's get_transfer_results for the oldest step not  *)
+(*             run: rank w reported finished_sending = out[w + 1]          *)
+(*  "update"   Scheduler.update_from_output: aggregated finished_sending  *)
+(*             = freed; requests request_finished as done = fin            *)
+(*  "abort"    Scheduler.finish_requests(r, FINISHED_ABORTED)             *)
+(*  "read"     the decode worker posts a READ of r from producer rank w   *)
+(*  "recv"     the decode worker reports r in finished_recving            *)
+(***************************************************************************)
+EXTENDS KVCompletion
+
+CONSTANT Log
+
+\* Named logIdx, not i: TLC resolves the bound i of KVCompletion's StepToRun to a
+\* state variable of that name.
+VARIABLES logIdx, arrived
+
+tvars == <<vars, logIdx, arrived>>
+
+\* Overrides KVCompletion's Arrived (the cfg says Arrived <- TraceArrived).
+TraceArrived(r) == r \in arrived
+
+\* What update_from_output's aggregation emits this step (KVCompletion's LET, named).
+Emitted == LET m == steps[1]
+               cnt(r) == Cardinality({w \in Ranks : r \in m.out[w]})
+           IN {r \in Reqs : cnt(r) > 0 /\ cnt(r) >= Remaining(r)}
+
+Finishing == {r \in steps[1].batch : req[r] = "running"}
+
+Match(e) ==
+    CASE e.a = "arrive" ->
+            /\ arrived' = arrived \cup {e.r}
+            /\ UNCHANGED vars
+      [] e.a = "schedule" ->
+            /\ schedule
+            /\ steps'[Len(steps')].batch = e.batch
+            /\ UNCHANGED arrived
+      [] e.a = "execute" ->
+            /\ \E k \in 1 .. Len(steps) : ~steps[k].ran
+            /\ execute_model
+            /\ \A w \in Ranks : steps'[StepToRun].out[w] = e.out[w + 1]
+            /\ UNCHANGED arrived
+      [] e.a = "update" ->
+            /\ Len(steps) > 0 /\ steps[1].ran
+            /\ Emitted = e.freed
+            /\ Finishing = e.fin
+            /\ update_from_output
+            /\ UNCHANGED arrived
+      [] e.a = "abort" ->
+            \* finish_requests on a request already finished is a no-op (#25067)
+            /\ \/ abort(e.r)
+               \/ req[e.r] \notin {"waiting", "running"} /\ UNCHANGED vars
+            /\ UNCHANGED arrived
+      [] e.a = "read" ->
+            /\ consumer_start_load_kv(e.r, e.w)
+            /\ UNCHANGED arrived
+      [] e.a = "recv" ->
+            /\ \A w \in Ranks : rd[e.r][w] # "inflight"
+            /\ \E w \in Ranks : rd[e.r][w] = "done"
+            /\ UNCHANGED <<vars, arrived>>
+
+\* Actions the recording does not see.
+Silent ==
+    \/ \E r \in Reqs, w \in Ranks : consumer_get_finished(r, w)
+    \/ \E r \in Reqs, w \in Ranks : push_write(r, w)
+    \/ \E r \in Reqs, w \in Ranks : push_write_done(r, w)
+    \/ \E r \in Reqs : heartbeat(r)
+    \/ \E r \in Reqs, w \in Ranks : lease_expire(r, w)
+    \/ \E r \in Reqs, w \in Ranks : store_complete(r, w)
+
+TraceInit == Init /\ logIdx = 0 /\ arrived = {}
+
+TraceNext ==
+    \/ /\ logIdx < Len(Log)
+       /\ Match(Log[logIdx + 1])
+       /\ logIdx' = logIdx + 1
+    \/ /\ Silent
+       /\ UNCHANGED <<logIdx, arrived>>
+
+TraceSpec == TraceInit /\ [][TraceNext]_tvars
+
+\* Violated iff the whole log is explained (kvspec.validate reads it that way round).
+TraceUnfinished == logIdx < Len(Log)
+
+=============================================================================
