@@ -8,7 +8,7 @@ STAMP_BASE := $(VENV)/.stamp-base
 STAMP_VLLM := $(VENV)/.stamp-vllm
 STAMP_TLA := $(VENV)/.stamp-tla
 
-.PHONY: venv venv-vllm test test-full lint review clean
+.PHONY: venv venv-vllm test test-full lint review e2e versions clean
 
 $(STAMP_BASE): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -69,6 +69,18 @@ review: venv-vllm
 	$(VENV)/bin/kvspec decode --json build/decode.json
 	$(VENV)/bin/kvspec decode --conform --tier full
 	$(VENV)/bin/kvspec review --out report/
+
+# Real engines (issue #16): each scenario starts vLLM engine processes with recording
+# connectors, validates the recording with TLC (kvspec validate) and checks the end state.
+# Minutes per scenario on 2 cores; not part of `make test`. Table: bench/e2e.py.
+e2e: venv-vllm
+	mkdir -p build
+	$(VENV)/bin/python bench/e2e.py --json build/e2e.json
+
+# Which design each vLLM release implements (issue #15): one venv per release layered over
+# .venv, `kvspec conform` in each; table on the terminal, build/versions.json for the report.
+versions: venv-vllm
+	$(VENV)/bin/kvspec versions --json build/versions.json
 
 clean:
 	rm -rf build report .venv

@@ -21,7 +21,8 @@
 (*             = freed; requests request_finished as done = fin            *)
 (*  "abort"    Scheduler.finish_requests(r, FINISHED_ABORTED)             *)
 (*  "read"     the decode worker posts a READ of r from producer rank w   *)
-(*  "recv"     the decode worker reports r in finished_recving            *)
+(*  "recv"     the decode worker reports r in finished_recving (READ      *)
+(*             posted: see Match)                                          *)
 (***************************************************************************)
 EXTENDS KVCompletion
 
@@ -71,8 +72,12 @@ Match(e) ==
             /\ consumer_start_load_kv(e.r, e.w)
             /\ UNCHANGED arrived
       [] e.a = "recv" ->
-            /\ \A w \in Ranks : rd[e.r][w] # "inflight"
-            /\ \E w \in Ranks : rd[e.r][w] = "done"
+            \* KVCompletion's consumer_get_finished is the READ's completion and its
+            \* notification reaching the producer rank, fused.  A real decode worker
+            \* reports the READ done before the producer's agent has the notification
+            \* (recorded: 1.1 s apart in conformance/recorded/pd-basic), so this
+            \* observation only says the READ was posted.
+            /\ \E w \in Ranks : rd[e.r][w] # "none"
             /\ UNCHANGED <<vars, arrived>>
 
 \* Actions the recording does not see.

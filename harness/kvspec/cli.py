@@ -250,6 +250,9 @@ add_decode_parser = _stage_parser("decode", "the decode-side round trip (spec/De
 add_validate_parser = _stage_parser(
     "validate", "is a recorded real run (kvspec record) a behaviour of the spec, per design"
 )
+add_versions_parser = _stage_parser(
+    "versions", "conform every supported vLLM release (one layered venv each)"
+)
 add_record_parser = _stage_parser(
     "record", "how to record a real engine's connector calls", "record_cmd"
 )
@@ -271,6 +274,7 @@ PARSERS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], No
     add_validate_parser,
     add_record_parser,
     add_scenario_parser,
+    add_versions_parser,
 ]
 
 

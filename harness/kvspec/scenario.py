@@ -123,7 +123,9 @@ def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
     env = {**os.environ, DIR_ENV: str(rec), "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
            "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1",
            # vLLM logs to stdout by default; stdout is the engine's answer channel
-           "VLLM_LOGGING_STREAM": "ext://sys.stderr"}  # fmt: skip
+           "VLLM_LOGGING_STREAM": "ext://sys.stderr",
+           # one compute thread per engine, unbound: two engines share the machine
+           "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # fmt: skip
     args = cmd or [sys.executable, "-m", "kvspec.scenario_engine"]
     args = [*args, "--model", str(model), "--engine-id", eid, "--connector", sc.connector,
             "--tp", str(sc.tp), "--lease", str(sc.lease),

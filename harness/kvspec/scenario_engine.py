@@ -44,6 +44,10 @@ def engine_args(a: argparse.Namespace) -> dict[str, Any]:
         "dtype": "float32", "block_size": 32, "max_model_len": 256, "enforce_eager": True,
         "max_num_seqs": 8, "enable_prefix_caching": False, "seed": 0,
         "tensor_parallel_size": a.tp, "async_scheduling": not a.sync,
+        # TP=1 in-process: a producer holding blocks for a READ steps as fast as it can
+        # (has_requests), and a worker process spinning on the step queue starved the
+        # co-located consumer for over 30 s on 2 cores (measured; see spec/README.md)
+        "distributed_executor_backend": "uni" if a.tp == 1 else "mp",
         "kv_transfer_config": kv,
     }  # fmt: skip
 
@@ -69,7 +73,10 @@ def serve(a: argparse.Namespace) -> None:
             kvp = p if p is not None else (
                 {"do_remote_decode": True} if cmd.get("remote_decode") else None)
             sps.append(SamplingParams(
+                # greedy: dummy weights give near-uniform logits, so a sampled token would
+                # differ between the P/D run and the local one by chance
                 max_tokens=cmd["max_tokens"], ignore_eos=True, detokenize=False,
+                temperature=0.0,
                 extra_args={"kv_transfer_params": kvp} if kvp else None,
             ))  # fmt: skip
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in cmd["prompts"]]

