@@ -1,0 +1,65 @@
+"""The scenario runner's waits (kvspec.scenario, kvspec.scenario_proc) without engines: a
+fake engine that never answers or dies decides each timeout by construction, and a
+timeout makes the scenario inconclusive, never failed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from kvspec.scenario import SCENARIOS, frees_of, run_scenario, wait_until
+from kvspec.scenario_proc import EngineProc, EngineTimeout
+from synth_recording import one_request
+
+NEVER = [sys.executable, "-c", "import time; time.sleep(600)"]
+DIES = [sys.executable, "-c", "import sys; sys.exit(3)"]
+ANSWERS = [sys.executable, "-c", "print('vllm noise'); print('{\"ready\": true}'); input()"]
+
+
+def test_an_engine_that_never_answers_times_out(tmp_path: Path) -> None:
+    e = EngineProc(NEVER, {}, tmp_path / "e.log")
+    try:
+        with pytest.raises(EngineTimeout, match="no answer in 0 s"):
+            e.ask(None, 0.2)
+    finally:
+        e.close()
+    assert e.proc.poll() is not None
+
+
+def test_an_engine_that_dies_is_a_timeout_naming_its_exit(tmp_path: Path) -> None:
+    e = EngineProc(DIES, {}, tmp_path / "e.log")
+    with pytest.raises(EngineTimeout, match="exited with 3"):
+        e.ask(None, 60)
+    e.close()
+
+
+def test_non_json_lines_are_skipped(tmp_path: Path) -> None:
+    e = EngineProc(ANSWERS, {}, tmp_path / "e.log")
+    try:
+        assert e.ask(None, 60) == {"ready": True}
+    finally:
+        e.close()
+
+
+def test_a_scenario_whose_engines_never_start_is_inconclusive(tmp_path: Path) -> None:
+    r = run_scenario(SCENARIOS["pd-basic"], tmp_path, start_s=0.2, engine_cmd=NEVER)
+    assert r.verdict == "inconclusive" and r.detail.startswith("timeout: no answer")
+
+
+def test_wait_until_gives_up_on_its_own_clock() -> None:
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    assert not wait_until(lambda: False, 3, clock=lambda: now[0], sleep=sleep)
+    assert len(slept) == 6
+    assert wait_until(lambda: True, 0, clock=lambda: now[0], sleep=sleep)
+
+
+def test_frees_of_reads_baseline_and_end() -> None:
+    base, last, freed = frees_of(one_request(), "P")
+    assert (base, last, freed) == (10, 10, {"a"})
