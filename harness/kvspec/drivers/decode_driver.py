@@ -40,6 +40,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvspec.drivers.base import MissingAction
+from kvspec.drivers.vllm_adapters import connector_output, transfer_results
 from kvspec.drivers.vllm_cluster import DECODE_COMPOSITIONS as DECODE
 from kvspec.drivers.vllm_consumers import nixl_of
 from kvspec.drivers.vllm_driver import VllmDriver
@@ -215,16 +216,17 @@ class DecodeDriver:
                 for hd in hs:
                     if hd not in before:
                         self.handles[t][hd] = (int(rid.split("-")[1]), t)
-            res = cons.get_transfer_results(so.finished_req_ids)
+            res = transfer_results(cons, so.finished_req_ids)
             invalid = cons.get_block_ids_with_load_errors()
         finally:
             cons.clear_connector_metadata()
         return runner_output(
             api,
             so,
-            api.KVConnectorOutput(
-                finished_recving=set(res.finished_recving) or None,
-                failed_recving=set(res.failed_recving),
+            connector_output(
+                api.KVConnectorOutput,
+                finished_recving=res.finished_recving or None,
+                failed_recving=res.failed_recving,
                 invalid_block_ids=set(invalid),
             ),
         )

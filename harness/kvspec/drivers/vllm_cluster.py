@@ -50,6 +50,7 @@ from typing import Any
 
 from kvspec.drivers import push_side
 from kvspec.drivers.push_side import PushSide
+from kvspec.drivers.vllm_adapters import transfer_results
 from kvspec.drivers.vllm_consumers import (
     _check_registration,
     build_consumers,
@@ -153,7 +154,7 @@ class Cluster:
             nw = self.nixl_worker(w)
             nw._reqs_to_process.clear()
             nw._reqs_to_send.clear()
-            nw._replicated_pcp_done_sending.clear()
+            getattr(nw, "_replicated_pcp_done_sending", set()).clear()  # 0.30+
             nw.consumer_notification_counts_by_req.clear()
             nw.expected_consumer_notifications_by_req.clear()
             self.inboxes[w].reset()
@@ -179,7 +180,7 @@ class Cluster:
 
             waits.until(drained, f"consumer {t}'s READs in flight to complete")
             cw._recving_metadata.clear()
-            cw._recv_failures.clear()
+            getattr(cw, "_recv_failures", set()).clear()  # 0.30+
         for ib in self.inboxes:
             ib.reset()
 
@@ -188,7 +189,7 @@ class Cluster:
         c = self.consumer_nixl(t)
         c.bind_connector_metadata(self.api.NixlConnectorMetadata())
         try:
-            return c.get_transfer_results(set())
+            return transfer_results(c, set())
         finally:
             c.clear_connector_metadata()
 

@@ -69,7 +69,11 @@ def _check_registration(nixl_worker: Any, plan: DevicePlan, who: str) -> None:
     it did not do what the plan says (e.g. a CUDA run that silently staged through DRAM)."""
     # region_mem_types: what register_kv_caches actually registered, region by region
     # (base_worker.py: DRAM for a host tensor, nixl_memory_type for a device one).
-    kinds = sorted(set(nixl_worker.region_mem_types)) or ["nothing"]
+    # 0.29 does not record it: its nixl_memory_type is the one it registered with
+    mem = getattr(nixl_worker, "region_mem_types", None)
+    if mem is None:
+        mem = [nixl_worker.nixl_memory_type]
+    kinds = sorted(set(mem)) or ["nothing"]
     host = nixl_worker.use_host_buffer
     if kinds != [plan.nixl_memory] or host:
         raise ClusterError(

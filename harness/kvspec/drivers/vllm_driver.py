@@ -42,6 +42,7 @@ from kvspec.drivers import offload_view as ov
 from kvspec.drivers.base import Driver, MissingAction
 from kvspec.drivers.patches import get_patch
 from kvspec.drivers.push_actions import PushActions, TransferCorrupted
+from kvspec.drivers.vllm_adapters import connector_output, transfer_results
 from kvspec.drivers.vllm_cluster import Cluster, acquire, discard, release
 from kvspec.drivers.vllm_env import BLOCK_SIZE, runner_output
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
@@ -251,17 +252,18 @@ class VllmDriver(PushActions, Driver):
             conn.start_load_kv(None)
             # (model forward replaced: nothing writes the KV caches here)
             conn.wait_for_save()
-            res = conn.get_transfer_results(so.finished_req_ids)
+            res = transfer_results(conn, so.finished_req_ids)
             wmeta = conn.build_connector_worker_meta()
         finally:
             conn.clear_connector_metadata()
         return runner_output(
             api,
             so,
-            api.KVConnectorOutput(
-                finished_sending=set(res.finished_sending) or None,
-                finished_recving=set(res.finished_recving) or None,
-                failed_recving=set(res.failed_recving),
+            connector_output(
+                api.KVConnectorOutput,
+                finished_sending=res.finished_sending or None,
+                finished_recving=res.finished_recving or None,
+                failed_recving=res.failed_recving,
                 kv_connector_worker_meta=wmeta,
             ),
         )

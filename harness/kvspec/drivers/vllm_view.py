@@ -248,7 +248,7 @@ class VllmView:
                 )
                 | self._push_done_unread(w)
             )
-            rq.append(self._reqs(nw._replicated_pcp_done_sending))
+            rq.append(self._reqs(getattr(nw, "_replicated_pcp_done_sending", ())))  # 0.30+
             xt.append(
                 self._reqs(c.workers[w]._extra_async_saves)
                 if self.row.composition != "nixl"
