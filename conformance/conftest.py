@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from kvspec.conform import DriverFactory, driver_factory
 from kvspec.drivers.vllm_env import vllm_logs
-from kvspec.matrix import VARIANTS
+from kvspec.matrix import DESIGNS
 
 _LOGS = pytest.StashKey[contextlib.ExitStack]()
 _LOG_PATH = pytest.StashKey[Path | None]()
@@ -30,7 +30,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--driver", choices=("reference", "vllm"), default="reference")
     g.addoption("--device", choices=("cpu", "cuda"), default="cpu")
     g.addoption("--impl-patch", default=None, metavar="NAME")
-    g.addoption("--variant", choices=VARIANTS, default=None)
+    g.addoption("--variant", choices=DESIGNS, default=None)
     g.addoption("--per-model", type=int, default=None, metavar="N")
     g.addoption("--verbose-vllm", action="store_true", help="vLLM's log on the terminal")
 

@@ -40,7 +40,7 @@ from rich.progress import (
 from kvspec.drivers.base import Driver
 from kvspec.drivers.vllm_env import DriverUnavailable, check_device, vllm_logs
 from kvspec.itf import JSON
-from kvspec.matrix import VARIANTS, ModelRow
+from kvspec.matrix import DESIGNS, ModelRow, design
 from kvspec.replay import (
     ATTEMPTS,
     ReplayResult,
@@ -146,7 +146,7 @@ def conform(
     a variant stops at its first divergence (a timeout does not stop it)."""
     out: dict[str, VariantResult] = {} if into is None else into
     for trace in traces:
-        res = out.setdefault(trace.row.variant, VariantResult())
+        res = out.setdefault(design(trace.row), VariantResult())
         if stop_at_first and res.first_divergence is not None:
             continue
         res.add(trace.name, replay_retrying(factory, trace, attempts))
@@ -192,9 +192,9 @@ def report(
     results: dict[str, VariantResult], impl: str, violations: dict[str, list[str]]
 ) -> list[str]:
     """One verdict line per variant: those without a divergence first."""
-    ok = [v for v in VARIANTS if v in results and results[v].first_divergence is None]
+    ok = [v for v in DESIGNS if v in results and results[v].first_divergence is None]
     lines = [_conforms_line(impl, v, results[v], violations.get(v)) for v in ok]
-    for v in VARIANTS:
+    for v in DESIGNS:
         d = results[v].first_divergence if v in results else None
         if d is not None:
             lines.append(
@@ -329,9 +329,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "generated conformance traces and the committed regressions")  # fmt: skip
     p.add_argument(
         "--variant",
-        choices=VARIANTS,
+        choices=DESIGNS,
         default=None,
-        help="only the traces of models of this design variant",
+        help="only the traces of models of this design (variant, +reaper if not its default)",
     )
     p.add_argument("--attempts", type=int, default=ATTEMPTS, metavar="N",
                    help="replays of a trace whose wait timed out, each waiting "

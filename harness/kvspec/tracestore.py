@@ -10,8 +10,9 @@ made spec changes into diffs nobody reviews. What is committed instead:
 * `conformance/regressions/<variant>/<model>/cex-*.itf.json`: hand-picked counterexamples,
   replayed like generated traces and checked to still be spec paths.
 
-Generated traces go to `build/traces/<variant>/<model>/<stem>.itf.json`: one folder per
-variant, so a run for one design reads only its own traces. The folder is reused while the
+Generated traces go to `build/traces/<design>/<model>/<stem>.itf.json` (kvspec.matrix.design:
+the variant, "+early-break" for a 0.30 reaper row): one folder per
+design, so a run for one design reads only its own traces. The folder is reused while the
 digest of the generator's inputs (`STAMP`) is unchanged.
 """
 
@@ -24,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kvspec.matrix import DEFAULT_MATRIX, ModelRow, load_matrix
+from kvspec.matrix import DEFAULT_MATRIX, ModelRow, design, load_matrix
 
 REPO = DEFAULT_MATRIX.parents[1]
 CONFORMANCE_MATRIX = REPO / "conformance" / "matrix.toml"
@@ -84,7 +85,7 @@ def set_digest(files: Mapping[str, str]) -> str:
 
 
 def model_dir(root: Path, row: ModelRow) -> Path:
-    return root / row.variant / row.name
+    return root / design(row) / row.name
 
 
 def is_fresh(out: Path, key: str) -> bool:
