@@ -12,6 +12,7 @@ is SKIPPED, its reason naming the wait: a timeout is neither a pass nor a diverg
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ from conftest import replay_extra
 from kvspec.conform import DriverFactory, replay_retrying
 from kvspec.replay import load_trace, replay_command
 from kvspec.traces import sample_per_model, trace_files
+
+BIG, KEEP = 500, 100
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -28,8 +31,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     per_model = metafunc.config.getoption("--per-model")
     if per_model is not None:
         paths = sample_per_model(paths, per_model)
+    # A model with more than BIG traces (the two-request rows) keeps an even sample of
+    # KEEP in `make test`; the rest are marked slow (`make test-full`, nightly).
+    sizes = Counter(p.parent for p in paths)
+    big = [p for p in paths if sizes[p.parent] > BIG]
+    fast = set(sample_per_model(big, KEEP)) | {p for p in paths if sizes[p.parent] <= BIG}
+    params = [p if p in fast else pytest.param(p, marks=pytest.mark.slow) for p in paths]
     ids = [f"{p.parent.name}/{p.name.removesuffix('.itf.json')}" for p in paths]
-    metafunc.parametrize("trace_path", paths, ids=ids)
+    metafunc.parametrize("trace_path", params, ids=ids)
 
 
 def test_trace(

@@ -26,8 +26,8 @@ def _verdicts(events: list, tmp: Path, variants: tuple[str, ...]) -> dict[str, t
     return {d.variant: (d.verdict, d.explained) for d in v.designs}
 
 
-def test_a_synthetic_round_trip_is_admitted_by_every_design(tmp_path: Path) -> None:
-    got = _verdicts(one_request(), tmp_path, ("v0.29", "v0.30-shipped", "fixed"))
+def test_a_synthetic_round_trip_is_admitted(tmp_path: Path) -> None:
+    got = _verdicts(one_request(), tmp_path, ("fixed",))
     assert {v for v, _ in got.values()} == {"admitted"}
 
 
@@ -59,14 +59,13 @@ def test_doctored_recordings_are_rejected_at_the_doctored_event(
     doctor: object, at: object, tmp_path: Path
 ) -> None:
     events = doctor(one_request())  # type: ignore[operator]
-    got = _verdicts(events, tmp_path, ("v0.30-shipped", "fixed"))
-    want = _index_of(events, at)
-    assert got == {"v0.30-shipped": ("rejected", want), "fixed": ("rejected", want)}
+    got = _verdicts(events, tmp_path, ("fixed",))
+    assert got == {"fixed": ("rejected", _index_of(events, at))}
 
 
-def test_a_report_from_a_rank_never_read_is_rejected_by_every_design(tmp_path: Path) -> None:
+def test_a_report_from_a_rank_never_read_is_rejected(tmp_path: Path) -> None:
     events = doctored.report_on_rank(pcp2_fixed(), "P", "a", src=1, dst=0)
-    got = _verdicts(events, tmp_path, ("v0.30-shipped", "fixed"))
+    got = _verdicts(events, tmp_path, ("fixed",))
     assert {v for v, _ in got.values()} == {"rejected"}
     assert got["fixed"][1] == _index_of(events, lambda e: e.a == "execute" and any(e.out))
 
@@ -105,7 +104,9 @@ def test_compaction_keeps_the_spec_log_of_a_real_recording() -> None:
 def test_the_recorded_real_round_trip_is_admitted(tmp_path: Path) -> None:
     d = _recorded("pd-basic")
     meta = json.loads((d / "expect.json").read_text())
-    got = _verdicts(read_dir(d), tmp_path, tuple(meta["admitted"]))
+    assert meta["admitted"] == ["v0.29", "v0.30-shipped", "fixed", "naive-replicas"]
+    # TP 1 cannot tell the designs apart (make e2e checks all four): one TLC run here
+    got = _verdicts(read_dir(d), tmp_path, ("v0.30-shipped",))
     assert {v for v, _ in got.values()} == {"admitted"}
 
 
