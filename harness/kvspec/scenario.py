@@ -60,6 +60,8 @@ SCENARIOS = {
         Scenario("pd-sync", "P -> D over NIXL, 2 requests, synchronous scheduling", sync=True),
         Scenario("pd-abort", "P -> D, 3 requests; the client aborts the second on P at once",
                  requests=3, abort=(1,), lease=120),
+        Scenario("pd-tp2", "P at TP 2 -> D at TP 1: D READs from both producer ranks",
+                 tp=2, lease=120),
         Scenario("lease-expiry", "P only, nobody reads: blocks freed when the 2 s lease expires",
                  requests=1, consumer=False, lease=2),
         # GPU runners (vLLM refuses offloading and PCP on CPU). Not run here yet: no GPU
@@ -144,7 +146,8 @@ def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
            "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # fmt: skip
     args = cmd or [sys.executable, "-m", "kvspec.scenario_engine"]
     args = [*args, "--model", str(model), "--engine-id", eid, "--connector", sc.connector,
-            "--tp", str(sc.tp), "--lease", str(sc.lease), "--device", sc.device,
+            "--tp", str(sc.tp if eid == "P" else 1), "--lease", str(sc.lease),
+            "--device", sc.device,
             "--child", sc.child, *(["--sync"] if sc.sync else [])]  # fmt: skip
     if eid == "P" and sc.pcp > 1:
         args += ["--pcp", str(sc.pcp)]

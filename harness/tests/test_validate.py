@@ -101,11 +101,12 @@ def test_compaction_keeps_the_spec_log_of_a_real_recording() -> None:
     assert [e.describe() for e in map_recording(compact(events)).log] == full
 
 
-def test_the_recorded_real_round_trip_is_admitted(tmp_path: Path) -> None:
-    d = _recorded("pd-basic")
+@pytest.mark.parametrize("name", ["pd-basic", "pd-tp2"])
+def test_the_recorded_real_round_trips_are_admitted(name: str, tmp_path: Path) -> None:
+    d = _recorded(name)
     meta = json.loads((d / "expect.json").read_text())
     assert meta["admitted"] == ["v0.29", "v0.30-shipped", "fixed", "naive-replicas"]
-    # TP 1 cannot tell the designs apart (make e2e checks all four): one TLC run here
+    # TP 1-2 without PCP cannot tell the designs apart (make e2e checks all four)
     got = _verdicts(read_dir(d), tmp_path, ("v0.30-shipped",))
     assert {v for v, _ in got.values()} == {"admitted"}
 
