@@ -101,7 +101,7 @@ def test_compaction_keeps_the_spec_log_of_a_real_recording() -> None:
     assert [e.describe() for e in map_recording(compact(events)).log] == full
 
 
-@pytest.mark.parametrize("name", ["pd-basic", "pd-tp2"])
+@pytest.mark.parametrize("name", ["pd-basic", "pd-tp2", "pd-abort"])
 def test_the_recorded_real_round_trips_are_admitted(name: str, tmp_path: Path) -> None:
     d = _recorded(name)
     meta = json.loads((d / "expect.json").read_text())

@@ -116,12 +116,14 @@ def map_recording(events: list[Event]) -> Mapped:
     d_to_p: dict[str, str] = {}  # a consumer's request id -> the producer's
     log: list[SpecEvent] = []
     finishing: set[int] = set()
+    arrived: set[int] = set()
     for e in events:
         key = (e.pid, e.seq)
         if key in exec_at:
             log.append(exec_at[key])
         if e.engine == producer and e.role == "scheduler":
             if e.call == "add_request":
+                arrived.add(r_of(e.reqs[0]))
                 log.append(SpecEvent("arrive", r=r_of(e.reqs[0]), source=e))
             elif e.call == "schedule":
                 finishing = set()
@@ -133,7 +135,11 @@ def map_recording(events: list[Event]) -> Mapped:
                 log.append(SpecEvent("update", freed=fs, fin=frozenset(finishing), source=e))
                 finishing = set()
             elif e.call == "finish_requests" and e.result.get("status") == "FINISHED_ABORTED":
-                log += [SpecEvent("abort", r=r_of(rid), source=e) for rid in e.reqs]
+                # finish_requests skips ids it does not hold (scheduler.py:2678-2681): a
+                # client abort that overtook its add_request is no step (recorded:
+                # pd-abort, the abort reached the engine core first)
+                log += [SpecEvent("abort", r=r_of(rid), source=e) for rid in e.reqs
+                        if r_of(rid) in arrived]  # fmt: skip
         elif e.engine in consumers and e.role == "worker":
             if e.call == "read":
                 prid = str(e.result.get("remote_request_id", ""))
