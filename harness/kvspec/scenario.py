@@ -137,7 +137,7 @@ def wait_until(pred: Callable[[], bool], timeout_s: float, *,
 
 
 def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
-            cmd: list[str] | None) -> EngineProc:  # fmt: skip
+            cmd: list[str] | None, grace_s: float) -> EngineProc:  # fmt: skip
     env = {**os.environ, DIR_ENV: str(rec), "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
            "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1",
            # vLLM logs to stdout by default; stdout is the engine's answer channel
@@ -151,11 +151,12 @@ def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
             "--child", sc.child, *(["--sync"] if sc.sync else [])]  # fmt: skip
     if eid == "P" and sc.pcp > 1:
         args += ["--pcp", str(sc.pcp)]
-    return EngineProc(args, env, logs / f"{eid}.log")
+    return EngineProc(args, env, logs / f"{eid}.log", grace_s)
 
 
 def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float = 300,
-                 engine_cmd: list[str] | None = None) -> ScenarioResult:  # fmt: skip
+                 engine_cmd: list[str] | None = None,
+                 grace_s: float = 10) -> ScenarioResult:  # fmt: skip
     t0 = time.monotonic()
     model = out / "model"
     model.mkdir(parents=True, exist_ok=True)
@@ -164,9 +165,9 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
     for f in rec.glob("*.ndjson"):
         f.unlink()
     res = ScenarioResult(sc.name, "inconclusive", 0.0)
-    engines = [_engine(sc, "P", model, rec, out, engine_cmd)]
+    engines = [_engine(sc, "P", model, rec, out, engine_cmd, grace_s)]
     if sc.consumer:
-        engines.append(_engine(sc, "D", model, rec, out, engine_cmd))
+        engines.append(_engine(sc, "D", model, rec, out, engine_cmd, grace_s))
     try:
         for e in engines:
             e.ask(None, start_s)  # the "ready" line

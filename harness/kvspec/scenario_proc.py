@@ -23,8 +23,10 @@ class EngineTimeout(TimeoutError):
 
 
 class EngineProc:
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], log: Path,
+                 grace_s: float = 10) -> None:  # fmt: skip
         self.log = log
+        self.grace_s = grace_s  # how long `close` lets the engine shut down by itself
         self._log = log.open("wb")
         self.proc = subprocess.Popen(
             args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
@@ -64,13 +66,13 @@ class EngineProc:
                 self.timings.append((time.monotonic(), "answer", ",".join(sorted(obj))))
                 return obj
 
-    def close(self, grace_s: float = 10) -> None:
+    def close(self) -> None:
         if self.proc.poll() is None:
             try:
                 assert self.proc.stdin is not None
                 self.proc.stdin.write(b'{"cmd": "exit"}\n')
                 self.proc.stdin.flush()
-                self.proc.wait(grace_s)
+                self.proc.wait(self.grace_s)
             except (OSError, subprocess.TimeoutExpired):
                 pass
         if self.proc.poll() is None:

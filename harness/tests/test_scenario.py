@@ -18,7 +18,7 @@ ANSWERS = [sys.executable, "-c", "print('vllm noise'); print('{\"ready\": true}'
 
 
 def test_an_engine_that_never_answers_times_out(tmp_path: Path) -> None:
-    e = EngineProc(NEVER, {}, tmp_path / "e.log")
+    e = EngineProc(NEVER, {}, tmp_path / "e.log", grace_s=0.1)
     try:
         with pytest.raises(EngineTimeout, match="no answer in 0 s"):
             e.ask(None, 0.2)
@@ -43,7 +43,8 @@ def test_non_json_lines_are_skipped(tmp_path: Path) -> None:
 
 
 def test_a_scenario_whose_engines_never_start_is_inconclusive(tmp_path: Path) -> None:
-    r = run_scenario(SCENARIOS["pd-basic"], tmp_path, start_s=0.2, engine_cmd=NEVER)
+    r = run_scenario(SCENARIOS["pd-basic"], tmp_path, start_s=0.2, engine_cmd=NEVER,
+                     grace_s=0.1)
     assert r.verdict == "inconclusive" and r.detail.startswith("timeout: no answer")
 
 
