@@ -200,12 +200,11 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
             raise EngineTimeout(f"producer did not free {sc.requests} requests in {step_s:.0f} s")
     except EngineTimeout as exc:
         res.detail = f"timeout: {exc}"
-        return _done(res, t0, engines)
+        return _done(res, t0)
     finally:
         for e in engines:
             e.close()
-    _done(res, t0, engines)
-    return _done(_judge(sc, rec, out, res), t0, [])
+    return _done(_judge(sc, rec, out, res), t0)
 
 
 def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioResult:
@@ -227,11 +226,7 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
     return res
 
 
-def _done(res: ScenarioResult, t0: float, engines: list[EngineProc]) -> ScenarioResult:
-    for e in engines:
-        e.close()
-        with e.log.open("a") as f:
-            f.writelines(f"kvspec scenario: {t:.3f} {kind} {what}\n" for t, kind, what in e.timings)
+def _done(res: ScenarioResult, t0: float) -> ScenarioResult:
     res.seconds = time.monotonic() - t0
     return res
 

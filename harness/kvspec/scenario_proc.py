@@ -67,6 +67,10 @@ class EngineProc:
                 return obj
 
     def close(self) -> None:
+        """Ask the engine to exit, kill its process group after grace_s, and append the
+        exchange timings to its log. Idempotent."""
+        if self._log.closed:
+            return
         if self.proc.poll() is None:
             try:
                 assert self.proc.stdin is not None
@@ -86,4 +90,6 @@ class EngineProc:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        self._log.writelines(f"kvspec scenario: {t:.3f} {kind} {what}\n".encode()
+                             for t, kind, what in self.timings)  # fmt: skip
         self._log.close()

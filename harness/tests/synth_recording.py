@@ -73,6 +73,21 @@ def one_request() -> list[Event]:
     return s.events
 
 
+def busy_waiting(idle: int = 30) -> list[Event]:
+    """one_request with `idle` empty steps while P waits for the READ (a producer holding
+    blocks busy-loops: scheduler.has_requests counts delayed frees)."""
+    s = Synth()
+    s.start()
+    s.ev("P", "scheduler", 0, "add_request", ("a",), free=10)
+    s.step(1, new=("a",), finished=("a",))
+    for n in range(2, 2 + idle):
+        s.step(n)
+    s.read("a")
+    s.recv("a")
+    s.step(2 + idle, outs={0: ["a"]}, sending=("a",))
+    return s.events
+
+
 def pcp2_fixed() -> list[Event]:
     """P PCP=2 as the fixed design runs it: the replica (rank 1) reports a at once from its
     queue (_replicated_pcp_done_sending), rank 0 after the READ's notification."""

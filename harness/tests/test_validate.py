@@ -15,7 +15,7 @@ from kvspec.record.compact import compact
 from kvspec.record.log import RecordError, read_dir
 from kvspec.record.mapping import MappingError, map_recording
 from kvspec.validate import validate_events
-from synth_recording import one_request, pcp2_fixed
+from synth_recording import busy_waiting, one_request, pcp2_fixed
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = REPO / "conformance" / "recorded"
@@ -93,6 +93,18 @@ def _recorded(name: str) -> Path:
     if not d.is_dir():
         pytest.skip(f"{d} not committed")
     return d
+
+
+def test_compaction_drops_idle_steps_and_keeps_the_spec_log(tmp_path: Path) -> None:
+    events = busy_waiting(idle=30)
+    kept = compact(events)
+    # 30 idle steps (schedule, report, update each) -> 2 kept: 28 x 3 events dropped
+    assert len(events) - len(kept) == 28 * 3
+    assert [e.describe() for e in map_recording(kept).log] == [
+        e.describe() for e in map_recording(events).log
+    ]
+    # arrive, step 1, two idle steps, read, recv, the step that reports: 15 events
+    assert _verdicts(kept, tmp_path, ("fixed",)) == {"fixed": ("admitted", 15)}
 
 
 def test_compaction_keeps_the_spec_log_of_a_real_recording() -> None:
