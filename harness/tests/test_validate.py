@@ -77,6 +77,13 @@ def test_a_read_from_a_rank_outside_the_producer_is_a_mapping_error() -> None:
         map_recording(events)
 
 
+def test_a_report_from_a_rank_outside_the_producer_is_a_mapping_error() -> None:
+    events = [e if not (e.role == "worker" and e.engine == "P") else
+              type(e)(**{**e.__dict__, "rank": 1}) for e in one_request()]  # fmt: skip
+    with pytest.raises(MappingError, match="rank 1 reported, but its world is 1"):
+        map_recording(events)
+
+
 def test_a_torn_line_names_file_and_line_and_the_cli_exits_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -102,16 +102,18 @@ def map_recording(events: list[Event]) -> Mapped:
         return frozenset(r_of(str(x)) for x in ids if str(x) in reqs)
 
     per_rank = _rank_steps(events, producer)
-    # An execute event for step k at the time of its last rank's report.
-    executes: list[tuple[int, int, SpecEvent]] = []
+    stray = sorted({w for w, _ in per_rank if w >= world})
+    if stray:
+        raise MappingError(f"producer {producer} rank {stray[0]} reported, but its world "
+                           f"is {world} ranks (0..{world - 1})")  # fmt: skip
+    # Step k's execute event sits at its last rank's report (recorded after it returns).
+    exec_at: dict[tuple[int, int], SpecEvent] = {}
     k = 1
     while all((w, k) in per_rank for w in range(world)):
-        evs = [per_rank[(w, k)] for w in range(world)]
-        last = max(evs, key=lambda e: (e.t_ns, e.pid, e.seq))
+        last = max((per_rank[(w, k)] for w in range(world)), key=lambda e: (e.t_ns, e.pid, e.seq))
         out = tuple(rs(per_rank[(w, k)].ids("finished_sending")) for w in range(world))
-        executes.append((last.t_ns, k, SpecEvent("execute", out=out, source=last)))
+        exec_at[(last.pid, last.seq)] = SpecEvent("execute", out=out, source=last)
         k += 1
-    exec_at = {(ev.source.pid, ev.source.seq): ev for _, _, ev in executes if ev.source}
 
     d_to_p: dict[str, str] = {}  # a consumer's request id -> the producer's
     log: list[SpecEvent] = []
@@ -138,8 +140,8 @@ def map_recording(events: list[Event]) -> Mapped:
                 # finish_requests skips ids it does not hold (scheduler.py:2678-2681): a
                 # client abort that overtook its add_request is no step (recorded:
                 # pd-abort, the abort reached the engine core first)
-                log += [SpecEvent("abort", r=r_of(rid), source=e) for rid in e.reqs
-                        if r_of(rid) in arrived]  # fmt: skip
+                log += [SpecEvent("abort", r=reqs[rid], source=e) for rid in e.reqs
+                        if rid in reqs and reqs[rid] in arrived]  # fmt: skip
         elif e.engine in consumers and e.role == "worker":
             if e.call == "read":
                 prid = str(e.result.get("remote_request_id", ""))
