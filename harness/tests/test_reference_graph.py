@@ -56,7 +56,10 @@ MODELS = [
 ]
 
 
-SLOW = {"fixed-nixl-pp2-async-r2"}
+# make test-full (nightly) only: the two biggest graphs. shipped-hf3fs-async-cap2 took 47 s
+# of a 14.6 min make test; its one-request async HF3FS shape stays in make test through
+# the conformance row regress-async-fixed-hf3fs (kvspec traces --tlc).
+SLOW = {"fixed-nixl-pp2-async-r2", "shipped-hf3fs-async-cap2"}
 
 
 def params() -> list[object]:
