@@ -114,7 +114,7 @@ def test_compaction_drops_idle_steps_and_keeps_the_spec_log(tmp_path: Path) -> N
     assert _verdicts(kept, tmp_path, ("fixed",)) == {"fixed": ("admitted", 15)}
 
 
-def test_compaction_keeps_the_spec_log_of_a_real_recording() -> None:
+def test_compacting_a_committed_recording_again_changes_nothing() -> None:
     events = read_dir(_recorded("pd-basic"))
     full = [e.describe() for e in map_recording(events).log]
     assert [e.describe() for e in map_recording(compact(events)).log] == full
