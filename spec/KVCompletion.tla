@@ -18,9 +18,11 @@
 (*  - requests arrive before the run and are admitted FCFS (id order);     *)
 (*  - one consumer rank reads from each producer rank, so the "r:n"        *)
 (*    notification count n is 1;                                           *)
-(*  - lease time is abstract: lease_expire says the deadline passed;       *)
-(*    a consumer only starts a READ while the lease is live (reads are     *)
-(*    issued within kv_lease_duration, or heartbeats extend it).          *)
+(*  - lease time is abstract: lease_expire says the deadline passed.       *)
+(*    Timing = "guarded": a consumer starts a READ (push: P a WRITE) only  *)
+(*    while the lease is live and no lease expires under one, the ratios   *)
+(*    spec/LeaseClock.tla finds safe; "untimed": no bound at all between   *)
+(*    D's delays, the transfer and the lease (the ratios it finds unsafe). *)
 (***************************************************************************)
 EXTENDS Naturals, FiniteSets, Sequences
 
@@ -34,7 +36,8 @@ CONSTANTS
     Runner,           \* "v1" | "v2": the model runner (vLLM's default: "v2")
     Reaper,           \* "full-scan" (0.31+) | "early-break" (0.29, 0.30)
     Transfer,         \* "pull" (NixlConnector) | "push" (NixlPushConnector)
-    DCP               \* decode_context_parallel_size of the producer
+    DCP,              \* decode_context_parallel_size of the producer
+    Timing            \* "guarded" | "untimed": see the header and spec/README.md
 
 Variants == {"v0.29", "v0.30-shipped", "fixed", "naive-replicas"}
 Compositions == {"nixl", "multi-nixl-offload-upstream", "multi-nixl-hf3fs"}
@@ -48,6 +51,7 @@ ASSUME /\ Variant \in Variants
        /\ Reaper \in {"full-scan", "early-break"}
        /\ Transfer \in {"pull", "push"}
        /\ DCP \in Nat \ {0}
+       /\ Timing \in {"guarded", "untimed"}
        \* nixl/connector.py:114-123: PCP with DCP only as TP = 1, DCP = PCP; push
        \* rejects DCP > 1 (connector.py:383-386); 0.29 rejects PCP + DCP.
        /\ (PCP > 1 /\ DCP > 1) => /\ TP = 1 /\ DCP = PCP /\ Transfer = "pull"
@@ -86,6 +90,12 @@ PipelineDepth ==
     IF AsyncScheduling
     THEN IF Runner = "v2" THEN PP + 1 ELSE IF PP <= 1 THEN 2 ELSE PP
     ELSE PP
+
+\* The two timing guards (issue #13): a transfer starts only on a live lease, and a
+\* lease never expires under a transfer in flight.  Their truth is a statement about
+\* the lease constants against D's queue wait, the transfer and lost heartbeats, which
+\* spec/LeaseClock.tla decides; "untimed" drops them (no ratio assumed).
+Guarded == Timing = "guarded"
 
 Multi == Composition # "nixl"
 (* The in-tree child that delays the free: HF3FSKVConnector                *)
@@ -201,6 +211,9 @@ vars == <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, not
           clobbered, published>>
 
 Holding == {r \in Reqs : req[r] \in {"running", "sending", "aborted-held"}}
+
+\* Guarded: a READ or WRITE of r from rank w starts only while r's lease there is live.
+LiveFor(r, w) == ~Guarded \/ r \notin expired[w]
 
 \* Every request is in the scheduler's waiting queue from the start: the model checks
 \* every admission order.  Trace validation (spec/KVTrace.tla) overrides this with the
@@ -438,7 +451,7 @@ consumer_start_load_kv(r, w) ==
     /\ w \in ReadSources
     /\ rd[r][w] = "none"
     /\ r \in toProcess[w]
-    /\ r \notin expired[w]
+    /\ LiveFor(r, w)
     /\ rd' = [rd EXCEPT ![r][w] = "inflight"]
     /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif,
                    replQ, extra, store, stored, pend, unsub, jobs, fence, hb, agg, emits,
@@ -458,14 +471,15 @@ consumer_get_finished(r, w) ==
 (* r's blocks once D's PUSH_REG and the blocks shipped with reqs_to_send    *)
 (* (push_scheduler.py:269-279, 336-338) are both there (_do_start_push_kv, *)
 (* 254-264, 297-313).  The lease must be installed (start_load_kv installs *)
-(* it only for r in _reqs_to_process, 220-226) and live.  rd records the   *)
+(* it only for r in _reqs_to_process, 220-226; guarded: live).  rd records *)
 (* WRITE as it records a pull READ.  Not fair: D may never register.       *)
 push_write(r, w) ==
     /\ Transfer = "push"
     /\ req[r] = "sending"
     /\ w \in ReadSources
     /\ rd[r][w] = "none"
-    /\ r \in lease[w] \ expired[w]
+    /\ r \in lease[w]
+    /\ LiveFor(r, w)
     /\ rd' = [rd EXCEPT ![r][w] = "inflight"]
     /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif,
                    replQ, extra, store, stored, pend, unsub, jobs, fence, hb, agg, emits,
@@ -498,10 +512,15 @@ heartbeat(r) ==
                    extra, store, stored, pend, unsub, jobs, fence, rd, agg, emits,
                    lateFinish, clobbered, published>>
 
-(* kv_lease_duration passes for r on rank w (no read of it in flight).     *)
+(* kv_lease_duration passes for r on rank w (guarded: no transfer of it in *)
+(* flight).  Untimed, it may pass under a READ or WRITE: the reaper then    *)
+(* reports r (base_worker.py:_reap_expired_send_leases); a WRITE that ends   *)
+(* later is not reported again (push_worker.py:831-833, "Expired requests   *)
+(* were already reported"), a late READ notification names an unknown       *)
+(* request and is dropped (pull_worker.py:_get_new_notifs).                 *)
 lease_expire(r, w) ==
     /\ r \in lease[w] \ expired[w]
-    /\ rd[r][w] # "inflight"
+    /\ Guarded => rd[r][w] # "inflight"
     /\ expired' = [expired EXCEPT ![w] = @ \cup {r}]
     /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, notif, replQ,
                    extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits,
@@ -568,7 +587,8 @@ InFlight == \E r \in Reqs, w \in Ranks : rd[r][w] = "inflight"
 CanReadDone == Transfer = "pull" /\ InFlight
 CanWriteDone == Transfer = "push" /\ InFlight
 CanStore == \E w \in Ranks : store[w] # {}
-CanExpire == \E r \in Reqs, w \in Ranks : r \in lease[w] \ expired[w] /\ rd[r][w] # "inflight"
+CanExpire == \E r \in Reqs, w \in Ranks :
+                r \in lease[w] \ expired[w] /\ (Guarded => rd[r][w] # "inflight")
 
 FairnessExact ==
     /\ CanSchedule = ENABLED <<schedule>>_vars

@@ -56,6 +56,7 @@ from kvspec.matrix import (
 from kvspec.model import Model, pipeline_depth
 from kvspec.tlc import TLCResult, Trace, run_tlc
 from kvspec.tlc_continue import reported
+from kvspec.tools import QUICK_JVM
 
 REPO = SPEC_FILE.parents[1]
 DEFAULT_OUT = REPO / "build" / "check"
@@ -109,6 +110,7 @@ class TLCRunner:
     """The `Runner` that model-checks."""
 
     timeout_s: float = TIMEOUT_S
+    jvm_flags: tuple[str, ...] | None = QUICK_JVM
 
     def __call__(
         self, row: ModelRow, invariants: list[str], properties: list[str], work: Path,
@@ -127,6 +129,7 @@ class TLCRunner:
         return run_tlc(
             SPEC_FILE, cfg, deadlock=False, timeout_s=self.timeout_s, log_dir=work / "tlc",
             fp=0, seed=0, extra_args=extra, stop=reported(invariants) if every_violation else None,
+            jvm_flags=self.jvm_flags,
         )  # fmt: skip
 
 
@@ -406,6 +409,12 @@ def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="counterexamples go here")
     p.add_argument("--jobs", type=int, default=2, help="TLC runs at once")
     p.add_argument("--quiet", action="store_true", help="no counterexample renderings")
+    p.add_argument(
+        "--jit",
+        choices=("c1", "c2"),
+        default="c1",
+        help="JVM compiler: c1 (default, short runs) or c2 (rows that explore for minutes)",
+    )
     p.set_defaults(handler=_check_cmd)
 
 
@@ -430,6 +439,7 @@ def _check_cmd(args: argparse.Namespace) -> int:
         out_dir=args.out,
         jobs=args.jobs,
         progress=sys.stderr.isatty(),
+        run=TLC if args.jit == "c1" else TLCRunner(jvm_flags=None),
     )
     print_table(doc)
     if not args.quiet:

@@ -79,6 +79,7 @@ class Defs:
     offload: bool
     early_break: bool
     push: bool
+    guarded: bool  # Timing = "guarded": KVCompletion.tla's two timing guards apply
     expected: int
     depth: int
     modes: tuple[str, ...]
@@ -103,6 +104,7 @@ class Defs:
             offload=row.composition == OFFLOAD,
             early_break=row.reaper == "early-break",
             push=row.transfer == "push",
+            guarded=row.timing == "guarded",
             expected=expected_count(row),
             depth=pipeline_depth(row),
             modes=tuple(rank_mode(row, x) for x in range(w)),

@@ -13,14 +13,14 @@ import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvspec.matrix import COMPOSITIONS, VARIANTS, ModelRow, Topology
+from kvspec.matrix import COMPOSITIONS, TIMINGS, VARIANTS, ModelRow, Topology
 from kvspec.model import Action
 from kvspec.replay import SpecTrace, trace_from_actions
 
 EXTENSIONS_FILE = Path(__file__).resolve().parents[2] / "conformance" / "extensions.toml"
 KEYS = frozenset(
     ("name", "why", "variants", "model", "composition", "topology", "requests", "capacity",
-     "async_scheduling", "transfer", "actions")
+     "async_scheduling", "transfer", "timing", "actions")
 )  # fmt: skip
 
 
@@ -68,6 +68,9 @@ def _extension(raw: dict[str, object], where: str) -> Extension:
     transfer = raw.get("transfer", "pull")
     if transfer not in ("pull", "push"):
         raise ValueError(f"{where}: transfer must be \"pull\" or \"push\", got {transfer!r}")
+    timing = raw.get("timing", "guarded")
+    if timing not in TIMINGS:
+        raise ValueError(f"{where}: timing must be one of {', '.join(TIMINGS)}, got {timing!r}")
     actions = raw.get("actions")
     if not isinstance(actions, list) or not actions:
         raise ValueError(f"{where}: actions must be a non-empty list of strings")
@@ -84,6 +87,7 @@ def _extension(raw: dict[str, object], where: str) -> Extension:
         capacity=_positive(raw.get("capacity"), where, "capacity"),
         async_scheduling=async_sched,
         transfer=str(transfer),
+        timing=str(timing),
     )
     return Extension(str(raw["name"]), str(raw.get("why", "")), tuple(variants), shape, parsed)
 

@@ -26,6 +26,10 @@ REAPERS = ("full-scan", "early-break")
 # kv_connector NixlConnector (pull: the decode side READs) or NixlPushConnector (push: the
 # producer WRITEs), nixl/connector.py:373-414.
 TRANSFERS = ("pull", "push")
+# KVCompletion.tla's Timing: "guarded" keeps the two timing guards (a transfer starts on a
+# live lease, no lease expires under one: the lease ratios spec/LeaseClock.tla finds safe);
+# "untimed" drops them (issue #13).
+TIMINGS = ("guarded", "untimed")
 
 
 def default_reaper(variant: str) -> str:
@@ -116,6 +120,7 @@ class ModelRow:
     reaper: str = ""  # "" = the variant's release default (default_reaper)
     transfer: str = "pull"
     dcp: int = 1  # decode_context_parallel_size; PCP > 1 and DCP > 1 = sharded mode
+    timing: str = "guarded"
 
     def __post_init__(self) -> None:
         if not self.reaper:
@@ -136,6 +141,7 @@ class ModelRow:
             "Reaper": f'"{self.reaper}"',
             "Transfer": f'"{self.transfer}"',
             "DCP": str(self.dcp),
+            "Timing": f'"{self.timing}"',
         }
 
     def to_meta(self) -> dict[str, JSON]:
@@ -154,6 +160,8 @@ class ModelRow:
             "reaper": self.reaper,
             "transfer": self.transfer,
             "dcp": self.dcp,
+            # Only where it is not the default: every guarded trace and lock stays as it was.
+            **({"timing": self.timing} if self.timing != "guarded" else {}),
         }
 
     @staticmethod
@@ -172,6 +180,7 @@ class ModelRow:
             reaper=str(meta.get("reaper", "")),
             transfer=str(meta.get("transfer", "pull")),
             dcp=int(meta.get("dcp", 1)),
+            timing=str(meta.get("timing", "guarded")),
         )
 
     def cfg_text(self, invariants: list[str], properties: list[str]) -> str:
@@ -259,6 +268,9 @@ def _row(raw: dict[str, object], defaults: dict[str, object], where: str) -> Mod
             f"{where}: PCP + DCP (sharded mode) needs tp = 1, dcp = pcp, pull transfer and a "
             "0.30+ design (nixl/connector.py:114-123, 383-386); fix the row"
         )
+    timing = merged.get("timing", "guarded")
+    if timing not in TIMINGS:
+        raise MatrixError(f"{where}: timing {timing!r} unknown; use one of {', '.join(TIMINGS)}")
     tier = merged.get("tier", "default")
     if not isinstance(tier, str):
         raise MatrixError(f"{where}: tier must be a string")
@@ -274,6 +286,7 @@ def _row(raw: dict[str, object], defaults: dict[str, object], where: str) -> Mod
         reaper=str(reaper),
         transfer=str(transfer),
         dcp=dcp,
+        timing=str(timing),
         expect=expect,
         tier=tier,
     )

@@ -268,7 +268,7 @@ def consumer_start_load_kv(d: Defs, s: State, r: int, w: int) -> State | None:
         or w not in d.read_sources
         or s.rd[r - 1][w] != "none"
         or r not in s.toProcess[w]
-        or r in s.expired[w]
+        or (d.guarded and r in s.expired[w])  # LiveFor(r, w)
     ):
         return None
     return replace(s, rd=_set_rd(s, r, w, "inflight"))
@@ -293,7 +293,7 @@ def push_write(d: Defs, s: State, r: int, w: int) -> State | None:
         or w not in d.read_sources
         or s.rd[r - 1][w] != "none"
         or r not in s.lease[w]
-        or r in s.expired[w]
+        or (d.guarded and r in s.expired[w])  # LiveFor(r, w)
     ):
         return None
     return replace(s, rd=_set_rd(s, r, w, "inflight"))
@@ -314,8 +314,9 @@ def heartbeat(d: Defs, s: State, r: int) -> State | None:
 
 
 def lease_expire(d: Defs, s: State, r: int, w: int) -> State | None:
-    """lease_expire(r, w): kv_lease_duration passes for r on rank w (no READ in flight)."""
-    if r not in s.lease[w] or r in s.expired[w] or s.rd[r - 1][w] == "inflight":
+    """lease_expire(r, w): kv_lease_duration passes for r on rank w (guarded: no READ or
+    WRITE of r on w in flight)."""
+    if r not in s.lease[w] or r in s.expired[w] or (d.guarded and s.rd[r - 1][w] == "inflight"):
         return None
     return replace(s, expired=_set_at(s.expired, w, s.expired[w] | {r}))
 

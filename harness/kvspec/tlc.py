@@ -396,6 +396,7 @@ def run_tlc(
     dump_dot: Path | None = None,
     stop: Callable[[str], bool] | None = None,
     poll_s: float = 0.1,
+    jvm_flags: Sequence[str] | None = None,
 ) -> TLCResult:
     """Model-check ``spec`` with TLC and return the parsed result.
 
@@ -404,6 +405,7 @@ def run_tlc(
     timeout the whole process group is killed and the verdict is "timeout". ``stop`` is
     asked every ``poll_s`` seconds with the log so far (when it grew); once it says yes,
     TLC is killed and the result is read from that log (``kvspec.tlc_continue``).
+    ``jvm_flags`` replaces the default JVM flags (``kvspec.tools.QUICK_JVM``: short runs).
     """
     spec = Path(spec).resolve()
     cfg = (Path(config) if config is not None else spec.with_suffix(".cfg")).resolve()
@@ -420,7 +422,7 @@ def run_tlc(
             extra_args=extra_args, simulate=simulate,
             dump_dot=Path(dump_dot).resolve() if dump_dot else None,
         )  # fmt: skip
-        cmd = java_command("tlc2.TLC", args)
+        cmd = java_command("tlc2.TLC", args, jvm_flags)
     except (JavaMissing, JarError) as exc:
         log_path.write_text(f"{exc}\n")
         error = f"{exc}; raw log: {log_path}"

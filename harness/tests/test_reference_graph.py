@@ -53,6 +53,15 @@ MODELS = [
         "shipped-early-break-cap2", "v0.30-shipped", "nixl", Topology(1, 1, 1), 2, 2, True,
         reaper="early-break",
     ),
+    # Timing = "untimed" (no timing guards): leases pass under READs and WRITEs.
+    ModelRow(
+        "shipped-untimed-pcp2-r2", "v0.30-shipped", "nixl", Topology(1, 1, 2), 2, 1, True,
+        timing="untimed",
+    ),
+    ModelRow(
+        "fixed-push-untimed", "fixed", "nixl", Topology(1, 1, 1), 2, 1, True,
+        transfer="push", timing="untimed",
+    ),
 ]
 
 

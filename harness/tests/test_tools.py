@@ -65,9 +65,21 @@ def test_bad_jar_exits_2(
 
 def test_java_command_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KVSPEC_TLC_XMX", raising=False)
+    monkeypatch.delenv("KVSPEC_JVM_FLAGS", raising=False)
     cmd = tools.java_command("tlc2.TLC", ["Spec.tla", "-deadlock"])
     assert cmd[1:3] == ["-XX:+UseParallelGC", "-cp"] and cmd[3].endswith("tla2tools.jar")
     assert cmd[4:] == ["tlc2.TLC", "Spec.tla", "-deadlock"]
+
+
+def test_java_command_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kvspec check's short runs replace the default flags; KVSPEC_JVM_FLAGS wins over both."""
+    monkeypatch.delenv("KVSPEC_TLC_XMX", raising=False)
+    monkeypatch.delenv("KVSPEC_JVM_FLAGS", raising=False)
+    cmd = tools.java_command("tlc2.TLC", ["S.tla"], tools.QUICK_JVM)
+    assert cmd[1:4] == ["-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp"]
+    monkeypatch.setenv("KVSPEC_JVM_FLAGS", "-Xint -XX:+UseSerialGC")
+    cmd = tools.java_command("tlc2.TLC", ["S.tla"], tools.QUICK_JVM)
+    assert cmd[1:4] == ["-Xint", "-XX:+UseSerialGC", "-cp"]
 
 
 @needs_java

@@ -192,7 +192,9 @@ class VllmDriver(PushActions, Driver):
         return (
             req_id(r) in self.c.nixl_worker(w)._reqs_to_send
             and not self._expired(w, r)
-            and not self._in_flight(r, w)  # no READ (push: WRITE) in flight
+            # guarded: no READ (push: WRITE) in flight; untimed, the deadline may pass
+            # under one (KVCompletion.tla lease_expire)
+            and (self.row.timing != "guarded" or not self._in_flight(r, w))
         )
 
     def _can_store_complete(self, r: int, w: int) -> bool:

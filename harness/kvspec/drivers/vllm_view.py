@@ -143,8 +143,9 @@ class VllmView:
     def _may_start_transfer(self, r: int, w: int, transfer: str, tracked: set[str]) -> bool:
         """The guard a READ (pull) and a WRITE (push) share: the row's transfer mode, r
         sending with its kv_transfer_params, w a read source with no transfer of r yet, r
-        in w's `tracked` set (pull: _reqs_to_process; push: the lease, _reqs_to_send) and
-        its lease not expired."""
+        in w's `tracked` set (pull: _reqs_to_process; push: the lease, _reqs_to_send) and,
+        where the row keeps the timing guards (Timing = "guarded"), its lease not expired
+        (KVCompletion.tla LiveFor)."""
         return (
             self.row.transfer == transfer
             and self._status(r) == "sending"
@@ -152,7 +153,7 @@ class VllmView:
             and w in self._read_sources()
             and (r, w) not in self.reads
             and req_id(r) in tracked
-            and not self._expired(w, r)
+            and (self.row.timing != "guarded" or not self._expired(w, r))
         )
 
     def _in_flight(self, r: int, w: int) -> bool:

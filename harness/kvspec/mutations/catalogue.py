@@ -284,13 +284,9 @@ _ALL = [
         f"{PUSH_WORKER}.get_transfer_results",
         "rule: push reaper (push_worker.py:831-833, 'Expired requests were already "
         "reported')",
+        # Killed by conf-v0.30-shipped-nixl-push-untimed-pcp1 (Timing = "untimed": the
+        # lease passes under the WRITE); under the timing guards no WRITE outlives its lease.
         pu.expired_write_reported,
-        equivalent_because=(
-            "under the spec's timing guards a lease never expires under an in-flight WRITE "
-            "(lease_expire needs rd # inflight) and a WRITE starts only on a live lease, so "
-            "no WRITE completes for an expired request; killing it needs the lease clock "
-            "of issue #13 (READ/WRITE duration vs lease as constants)"
-        ),
     ),
     _m(
         "multi-recv-reported-twice",
