@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 from collections.abc import Callable, Sequence
@@ -283,6 +284,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="kvspec", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"kvspec {__version__}")
+    parser.add_argument(
+        "--vllm-src",
+        type=Path,
+        default=os.environ.get("KVSPEC_VLLM_SRC") or None,
+        metavar="PATH",
+        help="run against the vLLM source checkout at PATH (env KVSPEC_VLLM_SRC); an "
+        "editable install needs nothing",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in PARSERS:
         add(sub)
@@ -291,6 +300,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.vllm_src is not None:
+        from kvspec.vllm_source import SourceError, use_source
+
+        try:
+            use_source(args.vllm_src)
+        except SourceError as exc:
+            print(f"kvspec: {exc}", file=sys.stderr)
+            return 2
     handler: Handler = args.handler
     return handler(args)
 

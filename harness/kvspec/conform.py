@@ -266,11 +266,20 @@ def run_conform(
             bar.update(task, description=trace.row.name)
             conform(factory, [trace], attempts=attempts, into=results)
             bar.advance(task)
-    impl = "reference model" if driver == "reference" else f"installed vLLM {installed_vllm()}"
+    from kvspec.vllm_source import describe
+
+    src = describe() if driver == "vllm" else None
+    impl = (
+        "reference model"
+        if driver == "reference"
+        else (src.label() if src is not None else f"installed vLLM {installed_vllm()}")
+    )
     if impl_patch:
         impl += f" + patch {impl_patch}"
     doc: dict[str, JSON] = {
-        "vllm": installed_vllm(),
+        "vllm": installed_vllm() if src is None else src.version,
+        "vllm_under_test": impl,
+        "vllm_source": None if src is None else src.to_json(),
         "device": device,
         "impl_patch": impl_patch,
         "driver": driver,
