@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from kvspec.drivers.vllm_view import req_id
 from kvspec.replay import INCORRECT, load_trace, replay
 from kvspec.traces import find_trace
 
@@ -71,4 +72,27 @@ def test_patched_vllm_frees_while_storing_under_async_scheduling(device: str) ->
     res = _replay(
         "regress-async-fixed-hf3fs/cex-NoFreeWhileInFlight", "fix-53903", device, freed_mid_save
     )
+    assert res.failure is None, res.failure
+
+
+@pytest.mark.parametrize(
+    ("model", "transfer"),
+    [
+        ("pcp1-tp1-v0.30-shipped-nixl-untimed", "READ"),
+        ("pcp1-tp1-v0.30-shipped-nixl-push-untimed", "WRITE"),
+    ],
+)
+def test_shipped_vllm_frees_under_a_transfer_once_the_lease_passes(
+    model: str, transfer: str, device: str
+) -> None:
+    """Timing = "untimed" (KVCompletion.tla): the lease passes under a running READ (pull)
+    or WRITE (push); vLLM's reaper reports the request and the scheduler frees its blocks
+    while the transfer still runs (#21570, #26929; push_worker.py:833)."""
+
+    def freed_mid_transfer(driver: Any) -> None:
+        running = {r for (r, _w), rd in driver.reads.items() if rd.state == "inflight"}
+        assert running == {1}, f"no {transfer} in flight at the end: {driver.reads}"
+        assert req_id(1) not in driver.sched.requests  # freed: its blocks are back in the pool
+
+    res = _replay(f"{model}/cex-NoFreeWhileInFlight", None, device, freed_mid_transfer)
     assert res.failure is None, res.failure

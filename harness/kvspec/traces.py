@@ -22,6 +22,7 @@ Where the files go and how they are pinned: kvspec.tracestore.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,13 +264,32 @@ def read_coverage(model_dir: Path) -> Coverage:
     return Coverage(**json.loads((model_dir / COVERAGE).read_text()))
 
 
+_CFG_CONSTANT = re.compile(r"^\s+(\w+) = (.+)$", re.M)
+
+
+def checked_constants(row: ModelRow, check_dir: Path) -> dict[str, str] | None:
+    """The CONSTANTS `kvspec check` ran a row of this name with (read from a cfg it left
+    beside the counterexamples), or None where there is none."""
+    for cfg in sorted((check_dir / row.name).glob("*.cfg")):
+        return dict(_CFG_CONSTANT.findall(cfg.read_text().split("SPECIFICATION")[0]))
+    return None
+
+
 def regression_docs(
     rows: list[ModelRow], check_dir: Path
-) -> dict[Path, Mapping[str, JSON]]:
+) -> tuple[dict[Path, Mapping[str, JSON]], list[str]]:
     """Counterexamples `kvspec check` saved for these rows, as regression trace documents
-    keyed by their path under conformance/regressions (`kvspec traces --save-regressions`)."""
+    keyed by their path under conformance/regressions (`kvspec traces --save-regressions`),
+    and one note per row skipped because the spec matrix's row of that name is another
+    model (e.g. async there, synchronous here): its counterexamples are not paths here."""
     out: dict[Path, Mapping[str, JSON]] = {}
+    notes: list[str] = []
     for row in rows:
+        ran = checked_constants(row, check_dir)
+        if ran is not None and ran != row.constants():
+            diff = sorted(k for k in row.constants() if ran.get(k) != row.constants()[k])
+            notes.append(f"{row.name}: checked with other constants ({', '.join(diff)}); skipped")
+            continue
         for stem, doc in counterexample_docs(row, check_dir).items():
             out[REGRESSIONS / row.variant / row.name / f"{stem}.itf.json"] = doc
-    return out
+    return out, notes

@@ -125,7 +125,9 @@ def _write_json(path: Path, rows: list[Coverage]) -> None:
 
 
 def _save_regressions(rows: list[ModelRow], check_dir: Path) -> int:
-    docs = regression_docs(rows, check_dir)
+    docs, notes = regression_docs(rows, check_dir)
+    for note in notes:
+        print(note)
     for path, doc in docs.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(dumps(doc))

@@ -284,7 +284,7 @@ _ALL = [
         f"{PUSH_WORKER}.get_transfer_results",
         "rule: push reaper (push_worker.py:831-833, 'Expired requests were already "
         "reported')",
-        # Killed by conf-v0.30-shipped-nixl-push-untimed-pcp1 (Timing = "untimed": the
+        # Killed by the extension push-write-outlives-lease (Timing = "untimed": the
         # lease passes under the WRITE); under the timing guards no WRITE outlives its lease.
         pu.expired_write_reported,
     ),
