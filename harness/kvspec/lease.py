@@ -7,6 +7,8 @@ compared with the row's expectation (the machinery is kvspec.sweep's).
 
 `kvspec lease [--tier fast|full] [--only NAME] [--json F] [--out DIR]`; exit 1 when a
 verdict differs from its expectation, 2 on a bad matrix (one line: file, row, what to do).
+`kvspec lease --conform ...` replays every row's edge-covering traces on vLLM's real lease
+code instead (kvspec.lease_traces); exit 1 on a divergence.
 """
 
 from __future__ import annotations
@@ -71,7 +73,16 @@ def check_lease_row(row: SweepRow, work: Path) -> SweepResult:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_sweep_arguments(LEASE, p)
+    p.add_argument(
+        "--conform",
+        action="store_true",
+        help="replay each row's edge-covering traces on vLLM's real lease code",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_sweep(LEASE, args)
+    if not args.conform:
+        return run_sweep(LEASE, args)
+    from kvspec.lease_conform import run_lease_conform
+
+    return run_lease_conform(LEASE, args)

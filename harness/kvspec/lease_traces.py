@@ -1,0 +1,156 @@
+"""Edge-covering LeaseClock traces, replayed on vLLM's real lease code (issue #13).
+
+`kvspec lease` decides the verdicts of spec/LeaseClock.tla; its counterexamples are kept
+in conformance/lease/ and replayed (kvspec.lease_replay). This module does for the lease
+clock what `kvspec traces` does for KVCompletion: TLC dumps a row's whole state graph
+(`-dump dot,actionlabels`; LeaseClock has no Python reference model, so the graph is
+TLC's own), the paths of `kvspec.cover.cover_edges` cover every edge of it, and each path
+is an ITF document in the form of a TLC counterexample, so `lease_replay.replay_lease`
+drives it on the real classes (real NIXL READs and notifications, real `_send_heartbeats`
+/ `_handle_heartbeat`, the real reaper against a controlled `perf_counter`).
+
+`kvspec lease --conform [--tier fast|full] [--only ROW]`: per row, edges, traces and
+conforming / diverging / inconclusive counts; exit 1 on a divergence. Traces are generated
+at run time (deterministic: TLC's graph, BFS order), never committed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvspec.cover import cover_edges
+from kvspec.drivers.base import WaitTimeout
+from kvspec.itf import JSON, value_to_itf
+from kvspec.lease_replay import LeaseReplay, replay_lease
+from kvspec.statgraph import DotError, StateGraph, parse_dot
+from kvspec.sweep import Sweep, SweepRow
+from kvspec.tlc import run_tlc
+from kvspec.tools import QUICK_JVM
+
+# Longest path and the BFS hop of cover_edges: lease rows are small (<= a few hundred
+# states), so every edge is reachable well within this.
+MAX_LEN = 200
+HOP = 8
+
+
+def lease_graph(sweep: Sweep, row: SweepRow, work: Path, timeout_s: float = 600) -> StateGraph:
+    """TLC's state graph of one row (no properties, deadlock off: runs end)."""
+    work.mkdir(parents=True, exist_ok=True)
+    cfg = work / f"{row.name}-graph.cfg"
+    cfg.write_text(row.cfg_text([], []))
+    dot = work / f"{row.name}.dot"
+    res = run_tlc(
+        sweep.spec, cfg, deadlock=False, dump_dot=dot, log_dir=work / "tlc",
+        timeout_s=timeout_s, jvm_flags=QUICK_JVM,
+    )  # fmt: skip
+    if res.verdict != "holds":
+        raise DotError(f"TLC on {row.name}: {res.verdict}: {res.error}; log {res.log_path}")
+    return parse_dot(dot.read_text())
+
+
+def edge_traces(g: StateGraph, row: SweepRow) -> list[dict[str, JSON]]:
+    """ITF documents (TLC counterexample form: each state's #meta names the action that
+    led to it) whose paths cover every edge of `g`."""
+    if len(g.initial) != 1:
+        raise DotError(f"{row.name}: {len(g.initial)} initial states, expected 1")
+    out: dict[int, list[tuple[str, int]]] = {}
+    for src, action, dst in _edges(g):
+        out.setdefault(src, []).append((action, dst))
+    init = next(iter(g.initial))
+    docs: list[dict[str, JSON]] = []
+    for n, path in enumerate(cover_edges(init, out, max_len=MAX_LEN, hop=HOP)):
+        states: list[JSON] = [_state(g, init, 0, "init")]
+        states += [_state(g, dst, i, action) for i, (_, action, dst) in enumerate(path, 1)]
+        meta: dict[str, JSON] = {"row": row.name, "trace": n, "source": "kvspec lease --conform"}
+        docs.append({"#meta": meta, "states": states})
+    return docs
+
+
+def _edges(g: StateGraph) -> list[tuple[int, str, int]]:
+    r"""The graph's action edges: without the end-of-run stutter (`Finished /\ UNCHANGED
+    vars`, a self-loop TLC labels with the name of `Next`)."""
+    return sorted({(s, a, t) for s, a, t in g.edges if not (s == t and a == "Next")})
+
+
+def _state(g: StateGraph, fp: int, index: int, action: str) -> dict[str, JSON]:
+    doc: dict[str, JSON] = {"#meta": {"index": index, "action": action}}
+    doc.update({k: value_to_itf(v) for k, v in sorted(g.states[fp].items())})
+    return doc
+
+
+@dataclass
+class LeaseConformance:
+    row: str
+    edges: int
+    traces: int
+    conforming: int = 0
+    inconclusive: list[str] = field(default_factory=list)
+    divergences: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, JSON]:
+        return {
+            "row": self.row,
+            "edges": self.edges,
+            "traces": self.traces,
+            "conforming": self.conforming,
+            "inconclusive": list(self.inconclusive),
+            "divergences": list(self.divergences),
+        }
+
+
+DriverFactory = Callable[[int], Any]
+
+
+def _replay_retrying(
+    doc: dict[str, JSON], requests: int, make_driver: DriverFactory, attempts: int
+) -> LeaseReplay | str:
+    """The replay, or why every attempt's wait expired (inconclusive)."""
+    why = ""
+    for _ in range(attempts):
+        try:
+            with make_driver(requests) as driver:
+                got = replay_lease(doc, driver)
+        except WaitTimeout as exc:
+            why = str(exc)
+            continue
+        if got.timeout is None:
+            return got
+        why = got.timeout
+    return why
+
+
+def _vllm_lease_driver(requests: int) -> Any:
+    from kvspec.drivers.lease_driver import LeaseDriver
+
+    return LeaseDriver(requests)
+
+
+def conform_row(
+    sweep: Sweep,
+    row: SweepRow,
+    work: Path,
+    make_driver: DriverFactory = _vllm_lease_driver,
+    attempts: int = 2,
+    limit: int | None = None,
+) -> LeaseConformance:
+    """Replay every edge-covering trace of `row` (the first `limit`, shortest first, when
+    given: make test's sample); a trace whose wait expired is retried (`attempts` in all),
+    then counted inconclusive: never a divergence."""
+    g = lease_graph(sweep, row, work / row.name)
+    docs = edge_traces(g, row)[:limit]
+    res = LeaseConformance(row.name, len(_edges(g)), len(docs))
+    (work / row.name / "traces.json").write_text(json.dumps(docs) + "\n")
+    for doc in docs:
+        name = f"{row.name}/{doc['#meta']['trace']}"
+        got = _replay_retrying(doc, row.requests, make_driver, attempts)
+        if isinstance(got, str):
+            res.inconclusive.append(f"{name}: {got}")
+        elif got.divergence is None:
+            res.conforming += 1
+        else:
+            res.divergences.append(f"{name}: {got.divergence}")
+    return res
