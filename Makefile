@@ -66,6 +66,7 @@ review: venv-vllm
 	$(VENV)/bin/kvspec traces --check --json build/traces.json
 	$(VENV)/bin/kvspec mutants --json build/mutants.json
 	$(VENV)/bin/kvspec lease --json build/lease.json
+	$(VENV)/bin/kvspec lease --conform --json build/lease-conform.json
 	$(VENV)/bin/kvspec decode --json build/decode.json
 	$(VENV)/bin/kvspec decode --conform --tier full
 	$(VENV)/bin/kvspec review --out report/

@@ -43,12 +43,16 @@ def test_extension_traces_follow_the_spec(variant: str) -> None:
     mine = [x.name for x in load_extensions() if variant in x.variants]
     assert [t.name.rsplit("/", 1)[1] for t in traces] == mine
     assert all(len(t.states) == len(t.actions) + 1 for t in traces)
+    assert {t.row.name for t in traces if t.row.timing == "untimed"} == (
+        {"x-v0.30-shipped-nixl-push-untimed-2req"} if variant == SHIPPED.variant else set()
+    )
     # The offloading and push scripts run on the installed design only (the fix does not
-    # touch them).
+    # touch them). The untimed push script's row keeps Timing = "untimed".
     offload = {
         "x-v0.30-shipped-offload-pcp1-2req",
         "x-v0.30-shipped-offload-pcp2-1req",
         "x-v0.30-shipped-nixl-push-pcp1",
+        "x-v0.30-shipped-nixl-push-untimed-2req",
     }
     assert {t.row.name for t in traces} == {
         f"x-{variant}-nixl-pcp2-2req",
