@@ -64,6 +64,7 @@ test-full:
 review: venv-vllm
 	mkdir -p build
 	$(VENV)/bin/kvspec traces --check --json build/traces.json
+	$(VENV)/bin/kvspec traces --spec-coverage build/spec-coverage.json
 	$(VENV)/bin/kvspec mutants --json build/mutants.json
 	$(VENV)/bin/kvspec lease --json build/lease.json
 	$(VENV)/bin/kvspec lease --conform --json build/lease-conform.json

@@ -145,6 +145,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.save_regressions is not None:
         return _save_regressions(rows, args.save_regressions)
+    if args.spec_coverage is not None:
+        from kvspec.spec_coverage_cmd import run_spec_coverage
+
+        return run_spec_coverage(args.spec_coverage)
     out: Path = args.out
     if args.force and out.exists():
         shutil.rmtree(out)
@@ -196,5 +200,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       const=CHECK_DIR, default=None,
                       help="keep counterexamples of conformance rows from CHECK_DIR "
                       "(default build/check) as regression traces")  # fmt: skip
+    mode.add_argument("--spec-coverage", type=Path, metavar="JSON", nargs="?",
+                      const=Path("build/spec-coverage.json"), default=None,
+                      help="per design, the spec matrix's edges the conformance traces "
+                      "replay (JSON default build/spec-coverage.json)")  # fmt: skip
     p.add_argument("--tlc", action="store_true", help="cross-check model graphs with TLC's")
     p.add_argument("--force", action="store_true", help="regenerate even if fresh")
