@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from kvspec.cover import cover_edges
 from kvspec.drivers.base import WaitTimeout
 from kvspec.itf import JSON, value_to_itf
 from kvspec.lease_replay import LeaseReplay, replay_lease
+from kvspec.replay import WAIT_GROWTH
 from kvspec.statgraph import DotError, StateGraph, parse_dot
 from kvspec.sweep import Sweep, SweepRow
 from kvspec.tlc import run_tlc
@@ -34,6 +35,7 @@ from kvspec.tools import QUICK_JVM
 # Longest path and the BFS hop of cover_edges: lease rows are small (<= a few hundred
 # states), so every edge is reachable well within this.
 MAX_LEN = 200
+TRACES = "traces.json"  # conform_row leaves the replayed traces here, under work/<row>/
 HOP = 8
 
 
@@ -92,27 +94,23 @@ class LeaseConformance:
     divergences: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, JSON]:
-        return {
-            "row": self.row,
-            "edges": self.edges,
-            "traces": self.traces,
-            "conforming": self.conforming,
-            "inconclusive": list(self.inconclusive),
-            "divergences": list(self.divergences),
-        }
+        return dict(asdict(self))
 
 
-DriverFactory = Callable[[int], Any]
+# (requests, wait scale) -> a fresh lease driver whose waits are scaled.
+DriverFactory = Callable[[int, float], Any]
 
 
 def _replay_retrying(
     doc: dict[str, JSON], requests: int, make_driver: DriverFactory, attempts: int
 ) -> LeaseReplay | str:
-    """The replay, or why every attempt's wait expired (inconclusive)."""
+    """The replay, or why every attempt's wait expired (inconclusive). As
+    `replay.retry_timeouts`: only a timeout is retried, each time with waits WAIT_GROWTH
+    times longer, on a fresh driver."""
     why = ""
-    for _ in range(attempts):
+    for n in range(attempts):
         try:
-            with make_driver(requests) as driver:
+            with make_driver(requests, WAIT_GROWTH**n) as driver:
                 got = replay_lease(doc, driver)
         except WaitTimeout as exc:
             why = str(exc)
@@ -123,10 +121,11 @@ def _replay_retrying(
     return why
 
 
-def _vllm_lease_driver(requests: int) -> Any:
+def _vllm_lease_driver(requests: int, wait_scale: float = 1.0) -> Any:
     from kvspec.drivers.lease_driver import LeaseDriver
+    from kvspec.drivers.vllm_inbox import DEFAULT_WAITS
 
-    return LeaseDriver(requests)
+    return LeaseDriver(requests, waits=DEFAULT_WAITS.scaled(wait_scale))
 
 
 def conform_row(
@@ -142,8 +141,19 @@ def conform_row(
     then counted inconclusive: never a divergence."""
     g = lease_graph(sweep, row, work / row.name)
     docs = edge_traces(g, row)[:limit]
-    res = LeaseConformance(row.name, len(_edges(g)), len(docs))
-    (work / row.name / "traces.json").write_text(json.dumps(docs) + "\n")
+    (work / row.name / TRACES).write_text(json.dumps(docs) + "\n")
+    return replay_docs(row, len(_edges(g)), docs, make_driver, attempts)
+
+
+def replay_docs(
+    row: SweepRow,
+    edges: int,
+    docs: list[dict[str, JSON]],
+    make_driver: DriverFactory = _vllm_lease_driver,
+    attempts: int = 2,
+) -> LeaseConformance:
+    """Replay these traces of `row` (conform_row's second half)."""
+    res = LeaseConformance(row.name, edges, len(docs))
     for doc in docs:
         name = f"{row.name}/{doc['#meta']['trace']}"
         got = _replay_retrying(doc, row.requests, make_driver, attempts)

@@ -5,15 +5,14 @@ make test replays a sample of one row; `kvspec lease --conform` (nightly) replay
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 from typing import Any
 
 import pytest
 from kvspec.lease import LEASE, load_lease_matrix
-from kvspec.lease_traces import _edges, conform_row, edge_traces, lease_graph
+from kvspec.lease_traces import _edges, edge_traces, lease_graph, replay_docs
+from kvspec.statgraph import StateGraph
 from kvspec.sweep import SweepRow
 
-needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="java not installed")
 SAMPLE = 8  # traces of the row replayed in make test (the row has 37; ~0.5 s each)
 
 
@@ -21,10 +20,16 @@ def _row(name: str) -> SweepRow:
     return next(r for r in load_lease_matrix() if r.name == name)
 
 
-@needs_java
-def test_traces_cover_every_edge_and_follow_tlcs_graph(tmp_path: Path) -> None:
-    row = _row("wait80s-hb-ok")
-    g = lease_graph(LEASE, row, tmp_path)
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory: pytest.TempPathFactory) -> StateGraph:
+    """wait80s-hb-ok's graph: one TLC run for the module."""
+    if shutil.which("java") is None:
+        pytest.skip("java not installed")
+    return lease_graph(LEASE, _row("wait80s-hb-ok"), tmp_path_factory.mktemp("lease"))
+
+
+def test_traces_cover_every_edge_and_follow_tlcs_graph(graph: StateGraph) -> None:
+    row, g = _row("wait80s-hb-ok"), graph
     docs = edge_traces(g, row)
     key = {fp: st for fp, st in g.states.items()}
     seen: set[tuple[str, str]] = set()
@@ -59,9 +64,8 @@ def _extends(doc: dict[str, Any]) -> bool:
     )
 
 
-@needs_java
 @pytest.mark.vllm
-def test_a_sample_conforms_and_a_heartbeat_mutant_diverges(tmp_path: Path) -> None:
+def test_a_sample_conforms_and_a_heartbeat_mutant_diverges(graph: StateGraph) -> None:
     pytest.importorskip("nixl")
     from kvspec.drivers.lease_driver import LeaseDriver
     from kvspec.lease_replay import replay_lease
@@ -69,13 +73,14 @@ def test_a_sample_conforms_and_a_heartbeat_mutant_diverges(tmp_path: Path) -> No
     from kvspec.mutations.catalogue import MUTANTS
 
     row = _row("wait80s-hb-ok")
-    got = conform_row(LEASE, row, tmp_path, limit=SAMPLE)
+    docs = edge_traces(graph, row)
+    got = replay_docs(row, len(_edges(graph)), docs[:SAMPLE])
     if got.inconclusive:  # a wait expired twice (a loaded machine): no verdict either way
         pytest.skip(f"inconclusive: {got.inconclusive[0]}")
     assert (got.conforming, got.divergences) == (SAMPLE, [])
     # Negative control: the first trace in which a heartbeat extends the lease diverges
     # when the heartbeat does not extend it (the mutant heartbeat-not-extending).
-    doc = next(d for d in edge_traces(lease_graph(LEASE, row, tmp_path / "g"), row) if _extends(d))
+    doc = next(d for d in docs if _extends(d))
     with patched(Base("v0.30-shipped"), MUTANTS["heartbeat-not-extending"].patch):
         with LeaseDriver(row.requests) as driver:
             res = replay_lease(doc, driver)
