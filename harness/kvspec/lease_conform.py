@@ -32,13 +32,6 @@ def undrivable(row: SweepRow) -> str | None:
     cannot be made to do it on demand, so those paths would read as divergences of vLLM."""
     if row.consts.get("NotifFirst") is True:
         return "NotifFirst: a notification overtaking its READ cannot be forced on real NIXL"
-    stall = row.consts.get("DStall")
-    if isinstance(stall, int) and not isinstance(stall, bool) and stall >= 3:
-        # Measured on wait80s-d-late-15s: from its trace 162 on, D's worker starts a second
-        # handshake with P ("handshake_setup_failed", zmq Again, in vLLM's log), which
-        # needs P's side-channel listener; the lease driver does not serve it, so the
-        # READ is never posted and heartbeats never arrive: not a verdict about vLLM.
-        return "DStall >= 3: D re-handshakes with P, which the lease driver does not serve"
     return None
 
 

@@ -82,3 +82,29 @@ def test_a_heartbeat_after_the_reap_is_ignored_and_the_mutant_reinstalls() -> No
             res = replay_lease(doc, d)
     last = len(doc["states"]) - 1
     assert res.divergence is not None and res.divergence.startswith(f"step {last}")
+
+
+def _evicts_p_after(d: LeaseDriver, ticks: int) -> bool:
+    """Whether the decode worker's engine-TTL sweep drops P after `ticks` lease ticks of
+    silence (base_worker.py _evict_stale_engines; it runs before every handshake check)."""
+    for _ in range(ticks):
+        d.tick()
+    w = d.vd.c.consumers[0].connector_worker
+    w._evict_stale_engines()
+    return d.vd.c.engine_id not in w._remote_agents
+
+
+def test_engine_ttl_keeps_vllms_ratio_to_the_stretched_lease() -> None:
+    # 80 s of silence at the default 30 s lease is 16 ticks: P stays registered, as with
+    # vLLM's defaults (engine_ttl 3600 s = 720 ticks); the heartbeat then arrives.
+    with LeaseDriver(1) as d:
+        assert not _evicts_p_after(d, 16)
+        d.heartbeat(True)
+
+
+def test_negative_control_the_unscaled_engine_ttl_evicts_p() -> None:
+    # The fixture before the fix: engine_ttl 3600 s against a 3600 s lease (600 s ticks):
+    # after 7 ticks D's worker evicted P and re-handshook (wait80s-d-late-15s, trace 162).
+    with LeaseDriver(1) as d:
+        d.vd.c.consumers[0].connector_worker._engine_ttl = 3600.0
+        assert _evicts_p_after(d, 7)

@@ -34,6 +34,11 @@ HEAD_SIZE = 32
 MAX_MODEL_LEN = 256
 # Leases never run out by wall-clock during a trace: time is the lease_expire action's.
 LEASE_SECONDS = 3600
+# vLLM's defaults: kv_lease_duration 30 s (base_worker.py:529), engine_ttl 3600 s (:843).
+# The engine TTL keeps that ratio to the stretched lease: with the default 3600 s a
+# decode worker whose clock runs in lease ticks evicts P as "stale" after 7 ticks
+# (base_worker.py _evict_stale_engines, "inactive for 4200.0s") and re-handshakes.
+ENGINE_TTL_SECONDS = LEASE_SECONDS * 3600 // 30
 LOG_DIR = Path(__file__).resolve().parents[3] / "build" / "logs"
 # vLLM's loggers are children of "vllm"; NIXL's Python API logs under "nixl".
 CHATTY_LOGGERS = ("vllm", "nixl")
@@ -207,7 +212,11 @@ def nixl_transfer_config(role: str, plan: DevicePlan, transfer: str = "pull") ->
         "kv_connector": NIXL_CONNECTORS[transfer],
         "kv_role": role,
         "kv_buffer_device": plan.kv_buffer_device,
-        "kv_connector_extra_config": {"kv_lease_duration": LEASE_SECONDS, "num_threads": 1},
+        "kv_connector_extra_config": {
+            "kv_lease_duration": LEASE_SECONDS,
+            "engine_ttl": ENGINE_TTL_SECONDS,
+            "num_threads": 1,
+        },
     }
 
 
