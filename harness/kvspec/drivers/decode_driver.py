@@ -24,8 +24,9 @@ request with those params (`do_remote_prefill`) and the same prompt.
 Only the model forward is replaced (a synthetic ModelRunnerOutput). A READ is held "in
 progress" by a seam on D's `check_xfer_state` (NIXL cannot hold a finished transfer), the
 one way to order READ completions as the spec does. Not driven: MLA and P TP != D TP (the
-cluster pairs each D rank with the P rank of its TP rank), full prefix hits (prefix caching
-is off in the fixture), the LMCache child (it needs its server) and the re-introduced bugs
+cluster pairs each D rank with the P rank of its TP rank), full prefix hits (0.32 takes one
+only with a prefill backoff > 0, base_scheduler.py:379-403: Mamba layers, a bounded-replay
+window, MTP/Eagle drafters; the fixture is a plain attention model), the LMCache child (it needs its server) and the re-introduced bugs
 (mutants are applied to the real code instead).
 """
 
