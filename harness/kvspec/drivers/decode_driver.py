@@ -26,8 +26,9 @@ progress" by a seam on D's `check_xfer_state` (NIXL cannot hold a finished trans
 one way to order READ completions as the spec does. Not driven: MLA and P TP != D TP (the
 cluster pairs each D rank with the P rank of its TP rank), full prefix hits (0.32 takes one
 only with a prefill backoff > 0, base_scheduler.py:379-403: Mamba layers, a bounded-replay
-window, MTP/Eagle drafters; the fixture is a plain attention model), the LMCache child (it needs its server) and the re-introduced bugs
-(mutants are applied to the real code instead).
+window, MTP/Eagle drafters; the fixture is a plain attention model), the LMCache child
+(it needs its server) and the re-introduced bugs (mutants are applied to the real code
+instead).
 """
 
 from __future__ import annotations
