@@ -23,7 +23,7 @@ import argparse
 import contextlib
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -70,6 +70,10 @@ class VariantResult:
     retries: int = 0  # replays beyond the first, over all traces
     first_divergence: dict[str, JSON] | None = None
     first_timeout: dict[str, JSON] | None = None
+    # Models the driver cannot build here (DriverUnavailable: e.g. PCP + DCP sharded mode):
+    # model -> why. Their traces are skipped, counted, and decide nothing.
+    not_driven: dict[str, str] = field(default_factory=dict)
+    skipped: int = 0
 
     @property
     def diverging(self) -> int:
@@ -98,6 +102,8 @@ class VariantResult:
             "retries": self.retries,
             "first_divergence": self.first_divergence,
             "first_timeout": self.first_timeout,
+            "skipped": self.skipped,
+            "not_driven": dict(sorted(self.not_driven.items())),
         }
 
 
@@ -143,13 +149,23 @@ def conform(
     into: dict[str, VariantResult] | None = None,
 ) -> dict[str, VariantResult]:
     """Replay traces per variant (accumulating into `into` when given); with stop_at_first
-    a variant stops at its first divergence (a timeout does not stop it)."""
+    a variant stops at its first divergence (a timeout does not stop it). A model the
+    driver cannot build is not driven: its traces are skipped and named, never a verdict."""
     out: dict[str, VariantResult] = {} if into is None else into
     for trace in traces:
         res = out.setdefault(design(trace.row), VariantResult())
         if stop_at_first and res.first_divergence is not None:
             continue
-        res.add(trace.name, replay_retrying(factory, trace, attempts))
+        if trace.row.name in res.not_driven:
+            res.skipped += 1
+            continue
+        try:
+            got = replay_retrying(factory, trace, attempts)
+        except DriverUnavailable as exc:
+            res.not_driven[trace.row.name] = str(exc)
+            res.skipped += 1
+            continue
+        res.add(trace.name, got)
     return out
 
 
@@ -191,8 +207,10 @@ def installed_vllm() -> str:
 def report(
     results: dict[str, VariantResult], impl: str, violations: dict[str, list[str]]
 ) -> list[str]:
-    """One verdict line per variant: those without a divergence first."""
-    ok = [v for v in DESIGNS if v in results and results[v].first_divergence is None]
+    """One verdict line per variant: those without a divergence first; a variant none of
+    whose traces could be driven decides nothing."""
+    ok = [v for v in DESIGNS if v in results and results[v].first_divergence is None
+          and results[v].traces > 0]  # fmt: skip
     lines = [_conforms_line(impl, v, results[v], violations.get(v)) for v in ok]
     for v in DESIGNS:
         d = results[v].first_divergence if v in results else None
@@ -203,6 +221,11 @@ def report(
             )
     if not ok:
         lines.append(f"{impl} conforms to no variant")
+    for v in DESIGNS:
+        res = results.get(v)
+        if res is not None and res.not_driven:
+            models = "; ".join(f"{m} ({why})" for m, why in sorted(res.not_driven.items()))
+            lines.append(f"  {v}: {res.skipped} traces not driven here: {models}")
     return lines
 
 

@@ -175,6 +175,33 @@ def test_a_variant_with_a_divergence_does_not_conform_whatever_timed_out() -> No
         "(execute_model) of f/000"  # fmt: skip
 
 
+def test_a_model_the_driver_cannot_build_is_not_driven_never_a_verdict() -> None:
+    # The nightly spec-matrix replay met a PCP + DCP row the vLLM driver built without DCP:
+    # a divergence "at init" that stopped v0.30-shipped. A row the driver cannot build is
+    # now skipped by name; the other models still decide the design.
+    from kvspec.drivers.vllm_env import DriverUnavailable
+
+    dcp = ModelRow("t-shipped-dcp2", "v0.30-shipped", "nixl", Topology(1, 1, 2), 1, 1, False)
+
+    def make(row: ModelRow, wait_scale: float = 1.0) -> Driver:
+        if row.name == dcp.name:
+            raise DriverUnavailable("PCP + DCP sharded mode")
+        return ReferenceDriver(row)
+
+    traces = [trace(dcp, "d/000"), trace(name="t/000"), trace(dcp, "d/001")]
+    v = conform(make, traces)["v0.30-shipped"]
+    assert (v.traces, v.conforming, v.skipped) == (1, 1, 2)
+    assert v.first_divergence is None and v.not_driven == {dcp.name: "PCP + DCP sharded mode"}
+    lines = report({"v0.30-shipped": v}, "impl", {})
+    assert lines[0] == "impl conforms to v0.30-shipped (1 traces)"
+    assert lines[1] == (
+        "  v0.30-shipped: 2 traces not driven here: t-shipped-dcp2 (PCP + DCP sharded mode)"
+    )
+    # Negative control: a design none of whose traces could be driven conforms to nothing.
+    only = conform(make, [trace(dcp, "d/000")])
+    assert report(only, "impl", {})[0] == "impl conforms to no variant"
+
+
 def itf_doc(t: SpecTrace) -> dict[str, object]:
     """`t` as the ITF document `kvspec traces` writes (what load_trace reads)."""
     actions = ["init", *map(str, t.actions)]

@@ -23,8 +23,11 @@ request with those params (`do_remote_prefill`) and the same prompt.
 
 Only the model forward is replaced (a synthetic ModelRunnerOutput). A READ is held "in
 progress" by a seam on D's `check_xfer_state` (NIXL cannot hold a finished transfer), the
-one way to order READ completions as the spec does. Not driven: MLA and P TP != D TP (the
-cluster pairs each D rank with the P rank of its TP rank), full prefix hits (0.32 takes one
+one way to order READ completions as the spec does. P TP and D TP may differ: each D rank
+handshakes and READs the producer ranks vLLM's read plan gives it (nixl/tp_mapping.py,
+GQA dedup included: the fixture model has 2 KV heads, or 1 where the row says
+kv_heads = 1); a READ's producer rank is read off its remote side handle. Not driven: MLA
+(the CPU fixture has no MLA attention), full prefix hits (0.32 takes one
 only with a prefill backoff > 0, base_scheduler.py:379-403: Mamba layers, a bounded-replay
 window, MTP/Eagle drafters; the fixture is a plain attention model), the LMCache child
 (it needs its server) and the re-introduced bugs (mutants are applied to the real code
@@ -48,6 +51,7 @@ from kvspec.drivers.vllm_consumers import nixl_of
 from kvspec.drivers.vllm_driver import VllmDriver
 from kvspec.drivers.vllm_env import (
     BLOCK_SIZE,
+    NUM_KV_HEADS,
     DriverUnavailable,
     kv_cache_config,
     runner_output,
@@ -68,14 +72,24 @@ def dreq(r: int) -> str:
 
 class HeldReads:
     """One decode worker's READ handles: "PROC" to vLLM until the spec ends them, then
-    NIXL's own state (ok) or "ERR" (a failed transfer)."""
+    NIXL's own state (ok) or "ERR" (a failed transfer). Each READ's remote side handle is
+    noted as it is made: it names the producer rank read (hetero TP reads several)."""
 
     def __init__(self, wrapper: Any) -> None:
         self.wrapper = wrapper
         self._real = wrapper.check_xfer_state
+        self._make = wrapper.make_prepped_xfer
         self._lock = threading.Lock()
         self.ended: dict[int, bool] = {}  # handle -> ok
+        self.remote_side: dict[int, Any] = {}  # handle -> remote xfer side handle
         wrapper.check_xfer_state = self.check_xfer_state
+        wrapper.make_prepped_xfer = self.make_prepped_xfer
+
+    def make_prepped_xfer(self, op: str, local: Any, lids: Any, remote: Any, *a: Any,
+                          **k: Any) -> Any:  # fmt: skip
+        handle = self._make(op, local, lids, remote, *a, **k)
+        self.remote_side[handle] = remote
+        return handle
 
     def check_xfer_state(self, handle: int) -> str:
         with self._lock:
@@ -92,8 +106,9 @@ class HeldReads:
             self.ended[handle] = ok
 
     def restore(self) -> None:
-        with contextlib.suppress(AttributeError):
-            del self.wrapper.check_xfer_state
+        for name in ("check_xfer_state", "make_prepped_xfer"):
+            with contextlib.suppress(AttributeError):
+                delattr(self.wrapper, name)
 
 
 @dataclass
@@ -106,21 +121,23 @@ class DStep:
 class DecodeDriver:
     def __init__(self, row: SweepRow, device: str = "cpu", waits: Waits = DEFAULT_WAITS) -> None:
         c = row.consts
-        if c["PTP"] != c["DTP"] or c["MLA"] or c["FullHit"] or c["Composition"] not in DECODE:
+        if c["MLA"] or c["FullHit"] or c["Composition"] not in DECODE:
             # A row this driver cannot build is unavailable here, not a divergence.
-            raise DriverUnavailable(f"{row.name}: the decode driver runs P TP = D TP, no MLA, "
+            raise DriverUnavailable(f"{row.name}: the decode driver runs no MLA, "
                                     f"no full hits, composition in {DECODE}")  # fmt: skip
         if c["Bug"] != "none":
             raise DriverUnavailable(f"{row.name}: bugs are mutants of the real code here")
         self.row, self.waits, self.N = row, waits, row.requests
-        self.T = int(c["DTP"])
+        self.T, self.PT = int(c["DTP"]), int(c["PTP"])  # D's ranks, P's ranks
+        kv_heads = int(c.get("KVHeads", NUM_KV_HEADS))
         prow = ModelRow(
             name="decode-producer", variant="v0.30-shipped", composition="nixl",
-            topology=Topology(self.T, 1, 1), requests=self.N, capacity=self.N,
+            topology=Topology(self.PT, 1, 1), requests=self.N, capacity=self.N,
             async_scheduling=False,
         )  # fmt: skip
         self.comp = str(c["Composition"])
-        self.p = VllmDriver(prow, device=device, waits=waits, decode_composition=self.comp)
+        self.p = VllmDriver(prow, device=device, waits=waits, decode_composition=self.comp,
+                            decode_tp=self.T, kv_heads=kv_heads)  # fmt: skip
         self.held: list[HeldReads] = []
         try:
             self._prefill_on_producer()
@@ -142,7 +159,7 @@ class DecodeDriver:
             self.p.schedule()
             self.p.execute_model()
             self.p.update_from_output()
-        for w in range(self.T):
+        for w in range(self.PT):
             missing = [r for r in range(1, self.N + 1)
                        if req_id(r) not in self.p.c.nixl_worker(w)._reqs_to_send]  # fmt: skip
             if missing:
@@ -158,6 +175,7 @@ class DecodeDriver:
             api, "kv_consumer", d_engine, self.comp, Topology(self.T, 1, 1), 4 * self.N + 1,
             async_scheduling, device,
             disable_hma=bool(c.cfg.scheduler_config.disable_hybrid_kv_cache_manager),
+            kv_heads=int(c.cfg.model_config.get_total_num_kv_heads()),
         )  # fmt: skip
         dcfg.kv_transfer_config.kv_load_failure_policy = policy
         dkc = kv_cache_config(api, dcfg)
@@ -217,7 +235,7 @@ class DecodeDriver:
             for rid, hs in cw._recving_transfers.items():
                 for hd in hs:
                     if hd not in before:
-                        self.handles[t][hd] = (int(rid.split("-")[1]), t)
+                        self.handles[t][hd] = (int(rid.split("-")[1]), self._source(t, hd))
             res = transfer_results(cons, so.finished_req_ids)
             invalid = cons.get_block_ids_with_load_errors()
         finally:
@@ -232,6 +250,20 @@ class DecodeDriver:
                 invalid_block_ids=set(invalid),
             ),
         )
+
+    def _source(self, t: int, hd: int) -> int:
+        """The producer rank D rank t's READ `hd` reads (its remote side handle)."""
+        cw = self.p.c.consumer_nixl(t).connector_worker
+        by_rank = cw.dst_xfer_side_handles[self.p.c.engine_id]
+        side = self.held[t].remote_side[hd]
+        return next(int(rank) for rank, h in by_rank.items() if h is side or h == side)
+
+    def _notif(self, r: int) -> bytes:
+        """The "r:n" each READ of r carries: n = local_consumers of D's read plan
+        (utils.py:589-606), the same for every D rank."""
+        cw = self.p.c.consumer_nixl(0).connector_worker
+        n = cw.tp_mappings[self.p.c.engine_id].local_consumers
+        return f"{req_id(r)}:{n}".encode()
 
     def execute(self) -> None:
         """Decode.tla `execute`: every D worker's step on the scheduled metadata."""
@@ -270,11 +302,11 @@ class DecodeDriver:
         held.end(hd, ok)
         self.results[hd] = (w, ok)
         if not ok:  # NIXL delivered its notification anyway: a failed READ sends none
-            self.p.c.inboxes[p].wait_arrived(f"{req_id(r)}:1".encode(), self.waits)
+            self.p.c.inboxes[p].wait_arrived(self._notif(r), self.waits)
 
     def deliver(self, p: int, r: int) -> None:
         inbox = self.p.c.inboxes[p]
-        inbox.deliver(inbox.wait_arrived(f"{req_id(r)}:1".encode(), self.waits))
+        inbox.deliver(inbox.wait_arrived(self._notif(r), self.waits))
         done = self.p.c.nixl_worker(p)._get_new_notifs()
         if req_id(r) in done:
             self.pst[(p, r)] = "notified"
@@ -316,7 +348,7 @@ class DecodeDriver:
         spec). Not observed: pin and failed (in flight / history, not state), echo,
         sendPend and sendDone (composition nixl: always empty)."""
         reqs = range(1, self.N + 1)
-        ranks = range(self.T)
+        ranks, pranks = range(self.T), range(self.PT)
 
         def rs(ids: object) -> frozenset[int]:
             return frozenset(int(str(x).split("-")[1]) for x in ids)  # type: ignore[attr-defined]
@@ -334,7 +366,7 @@ class DecodeDriver:
                 "fail": {w: rs(kv[w].failed_recving or ()) for w in ranks} if kv else none,
                 "send": none,
             }  # fmt: skip
-        p_held = {(p, r): req_id(r) in self.p.c.nixl_worker(p)._reqs_to_send for p in ranks
+        p_held = {(p, r): req_id(r) in self.p.c.nixl_worker(p)._reqs_to_send for p in pranks
                   for r in reqs}  # fmt: skip
         return {
             "st": {r: self._status(r) for r in reqs},
@@ -347,8 +379,8 @@ class DecodeDriver:
                     for w in ranks},  # fmt: skip
             "xf": {w: rs(self.p.c.consumer_nixl(w).connector_worker._recving_transfers)
                    for w in ranks},  # fmt: skip
-            "h": {w: {r: {p: self._h(w, r, p) for p in ranks} for r in reqs} for w in ranks},
+            "h": {w: {r: {p: self._h(w, r, p) for p in pranks} for r in reqs} for w in ranks},
             "rem": {r: self.agg._recv_remaining_count.get(dreq(r), 0) for r in reqs},
             "pst": {p: {r: "held" if p_held[(p, r)] else self.pst.get((p, r), "?")
-                        for r in reqs} for p in ranks},  # fmt: skip
+                        for r in reqs} for p in pranks},  # fmt: skip
         }

@@ -58,6 +58,7 @@ from kvspec.drivers.vllm_consumers import (
     nixl_of,
 )
 from kvspec.drivers.vllm_env import (
+    NUM_KV_HEADS,
     PP_UNAVAILABLE,
     DevicePlan,
     DriverUnavailable,
@@ -74,15 +75,19 @@ from kvspec.drivers.vllm_inbox import NotifInbox, Waits
 from kvspec.matrix import ModelRow, Topology
 from kvspec.model import HF3FS
 
-PoolKey = tuple[str, str, Topology, int, int, bool, str, str]
+PoolKey = tuple[str, str, Topology, int, int, bool, str, str, int, int]
 # The decode engine's connector: NIXL, or MultiConnector(NIXL, ExampleConnector) (a child
 # that never loads, delays or reports here: MultiConnector's own code is what it adds).
 DECODE_COMPOSITIONS = ("nixl", "multi-nixl-example")
 
 
-def pool_key(row: ModelRow, device: str, decode: str = "nixl") -> PoolKey:
+def pool_key(
+    row: ModelRow, device: str, decode: str = "nixl", decode_tp: int = 0,
+    kv_heads: int = NUM_KV_HEADS,
+) -> PoolKey:  # fmt: skip
     """What a cluster is built from: the row's constants except its variant (the variant is
-    vLLM's code, shipped or patched, not the cluster's shape), the device and D's connector."""
+    vLLM's code, shipped or patched, not the cluster's shape), the device, D's connector
+    and TP (0: the producer's), and the model's KV heads."""
     return (
         row.composition,
         row.transfer,
@@ -92,6 +97,8 @@ def pool_key(row: ModelRow, device: str, decode: str = "nixl") -> PoolKey:
         row.async_scheduling,
         device,
         decode,
+        decode_tp or row.topology.tp,
+        kv_heads,
     )
 
 
@@ -213,12 +220,22 @@ class Cluster:
         self.consumers_caches.clear()
 
 
-def build_cluster(row: ModelRow, device: str, waits: Waits, decode: str = "nixl") -> Cluster:
+def build_cluster(
+    row: ModelRow, device: str, waits: Waits, decode: str = "nixl", decode_tp: int = 0,
+    kv_heads: int = NUM_KV_HEADS,
+) -> Cluster:  # fmt: skip
+    """`decode_tp`: D's TP (0: the producer's); each D rank handshakes the producer ranks
+    vLLM's read plan gives it (hetero TP: nixl/tp_mapping.py)."""
     plan = device_plan(device)
     api = check_device(device)
     topo = row.topology
+    dtp = decode_tp or topo.tp
     if topo.pp != 1:
         raise DriverUnavailable(PP_UNAVAILABLE)
+    if row.dcp > 1:
+        # The producer workers are built replicated (pcp_dcp_sharded False below): PCP+DCP
+        # sharded mode would need each rank's own KV slice and vLLM's DCP groups.
+        raise DriverUnavailable("PCP + DCP sharded mode (dcp > 1) is not driven here")
     n = next(_SEQ)
     engine_id = f"kvspec-P-{os.getpid()}-{n}"
     port = free_port()
@@ -239,6 +256,7 @@ def build_cluster(row: ModelRow, device: str, waits: Waits, decode: str = "nixl"
         # whose setting differs: both engines run without it.
         disable_hma=True if decode != "nixl" else None,
         transfer=row.transfer,
+        kv_heads=kv_heads,
     )
     kc = kv_cache_config(api, cfg)
     gen = api.torch.Generator().manual_seed(1234 + n)
@@ -247,7 +265,9 @@ def build_cluster(row: ModelRow, device: str, waits: Waits, decode: str = "nixl"
         NotifInbox(nixl_of(c, row.composition).connector_worker.nixl_wrapper) for c in workers
     ]
     cfg.parallel_config.rank = 0
-    listener = _serve_handshakes(api, kc, engine_id, workers, topo, blocks, device, row, waits)
+    listener = _serve_handshakes(
+        api, kc, engine_id, workers, topo, blocks, device, row, waits, kv_heads
+    )
     # The decode engine runs with the producer's hybrid-KV-manager setting, as a deployment
     # must: NIXL's handshake refuses a peer whose compatibility hash differs, and the hash
     # includes is_hma_enabled (nixl/metadata.py:145-196).
@@ -256,16 +276,17 @@ def build_cluster(row: ModelRow, device: str, waits: Waits, decode: str = "nixl"
         "kv_consumer",
         f"kvspec-D-{os.getpid()}-{n}",
         decode,
-        Topology(topo.tp, 1, 1),
+        Topology(dtp, 1, 1),
         row.requests + 1,
         False,
         device,
         disable_hma=bool(cfg.scheduler_config.disable_hybrid_kv_cache_manager),
         transfer=row.transfer,
+        kv_heads=kv_heads,
     )
-    consumers, consumers_caches = build_consumers(api, dcfg, plan, topo.tp, decode)
+    consumers, consumers_caches = build_consumers(api, dcfg, plan, dtp, decode)
     cluster = Cluster(
-        key=pool_key(row, device, decode),
+        key=pool_key(row, device, decode, decode_tp, kv_heads),
         composition=row.composition,
         topology=topo,
         api=api,
@@ -281,7 +302,7 @@ def build_cluster(row: ModelRow, device: str, waits: Waits, decode: str = "nixl"
         decode_composition=decode,
     )
     try:
-        for t in range(topo.tp):
+        for t in range(dtp):
             handshake(cluster.consumer_nixl(t).connector_worker, engine_id, port, topo.tp, waits)
         if row.transfer == "push":
             cluster.push = push_side.build(api, dcfg, cluster.nixl_worker, cluster, waits)
@@ -342,12 +363,14 @@ def _serve_handshakes(
     device: str,
     row: ModelRow,
     waits: Waits,
+    kv_heads: int = NUM_KV_HEADS,
 ) -> Any:
     """The producer engine's side channel: a scheduler-role NixlConnector serving every
     published rank's handshake metadata, keyed by (pp, tp) as the engine collects it."""
     lcfg = vllm_config(
-        api, "kv_producer", engine_id, "nixl", topo, blocks, False, device, transfer=row.transfer
-    )
+        api, "kv_producer", engine_id, "nixl", topo, blocks, False, device,
+        transfer=row.transfer, kv_heads=kv_heads,
+    )  # fmt: skip
     kv_cache_config(api, lcfg)
     with api.set_current_vllm_config(lcfg):
         listener = api.KVConnectorFactory.create_connector(
@@ -374,10 +397,13 @@ _IDLE_ORDER: list[Cluster] = []  # idle clusters, least recently released first
 POOL_IDLE_MAX = 1
 
 
-def acquire(row: ModelRow, device: str, waits: Waits, decode: str = "nixl") -> Cluster:
-    """A reset cluster for `row` on `device` (D's connector `decode`): a pooled one of its
-    key, or a new one."""
-    idle = _POOL.setdefault(pool_key(row, device, decode), [])
+def acquire(
+    row: ModelRow, device: str, waits: Waits, decode: str = "nixl", decode_tp: int = 0,
+    kv_heads: int = NUM_KV_HEADS,
+) -> Cluster:  # fmt: skip
+    """A reset cluster for `row` on `device` (D's connector `decode`, D's TP, the model's
+    KV heads): a pooled one of its key, or a new one."""
+    idle = _POOL.setdefault(pool_key(row, device, decode, decode_tp, kv_heads), [])
     if idle:
         c = idle.pop()
         if c in _IDLE_ORDER:
@@ -388,7 +414,7 @@ def acquire(row: ModelRow, device: str, waits: Waits, decode: str = "nixl") -> C
             discard(c)
             raise
         return c
-    c = build_cluster(row, device, waits, decode)
+    c = build_cluster(row, device, waits, decode, decode_tp, kv_heads)
     _LIVE.append(c)
     return c
 

@@ -44,7 +44,7 @@ from kvspec.drivers.patches import get_patch
 from kvspec.drivers.push_actions import PushActions, TransferCorrupted
 from kvspec.drivers.vllm_adapters import add_recv, connector_output, transfer_results
 from kvspec.drivers.vllm_cluster import Cluster, acquire, discard, release
-from kvspec.drivers.vllm_env import BLOCK_SIZE, runner_output
+from kvspec.drivers.vllm_env import BLOCK_SIZE, NUM_KV_HEADS, runner_output
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
 from kvspec.drivers.vllm_view import Read, Step, req_id, spec_r
 from kvspec.matrix import ModelRow
@@ -61,6 +61,8 @@ class VllmDriver(PushActions, Driver):
         impl_patch: str | None = None,
         waits: Waits = DEFAULT_WAITS,
         decode_composition: str = "nixl",
+        decode_tp: int = 0,
+        kv_heads: int = NUM_KV_HEADS,
     ) -> None:
         super().__init__(row)
         self.waits = waits
@@ -70,7 +72,7 @@ class VllmDriver(PushActions, Driver):
         self._cluster: Cluster | None = None
         if impl_patch is not None:
             patch = get_patch(impl_patch)  # an unknown patch fails before a cluster is built
-        self._cluster = acquire(row, device, waits, decode_composition)
+        self._cluster = acquire(row, device, waits, decode_composition, decode_tp, kv_heads)
         c = self._cluster
         try:
             if impl_patch is not None:

@@ -27,6 +27,10 @@ from kvspec.matrix import Topology
 
 # The model config vLLM reads (architecture, dtype, sizes); no weights are loaded.
 TINY_MODEL = Path(str(files("kvspec") / "data" / "tiny-opt"))
+# The fixture model by its number of KV heads (OPT: one KV head per attention head).
+# One head (MQA) puts every producer rank of a TP 2 engine on the same head: vLLM's read
+# plan then deduplicates them (nixl/tp_mapping.py, "GQA dedup").
+MODELS = {2: TINY_MODEL, 1: Path(str(files("kvspec") / "data" / "tiny-opt-mqa"))}
 BLOCK_SIZE = 32
 NUM_LAYERS = 2
 NUM_KV_HEADS = 2
@@ -231,11 +235,15 @@ def vllm_config(
     device: str,
     disable_hma: bool | None = None,
     transfer: str = "pull",
+    kv_heads: int = NUM_KV_HEADS,
 ) -> Any:
     """The VllmConfig of one engine role (kv_producer / kv_consumer) with `blocks` KV blocks.
     `disable_hma`: --disable-hybrid-kv-cache-manager (None: vLLM decides; it turns the
     hybrid manager off for a connector without SupportsHMA, e.g. HF3FS, config/vllm.py
-    ~2170-2192). `transfer`: the spec's Transfer ("push": NixlPushConnector)."""
+    ~2170-2192). `transfer`: the spec's Transfer ("push": NixlPushConnector). `kv_heads`: the
+    model's KV heads (MODELS)."""
+    if kv_heads not in MODELS:
+        raise DriverUnavailable(f"no fixture model with {kv_heads} KV heads ({sorted(MODELS)})")
     plan = device_plan(device)
     nixl = nixl_transfer_config(role, plan, transfer)
     if composition == "nixl" or (role == "kv_consumer" and composition != EXAMPLE):
@@ -271,7 +279,7 @@ def vllm_config(
             kv_connector_extra_config={"connectors": [nixl, child]},
         )
     model = api.ModelConfig(
-        model=str(TINY_MODEL),
+        model=str(MODELS[kv_heads]),
         skip_tokenizer_init=True,
         dtype="float32",
         max_model_len=MAX_MODEL_LEN,
@@ -319,14 +327,17 @@ def runner_output(api: SimpleNamespace, so: Any, kv_output: Any) -> Any:
 
 
 def kv_cache_config(api: SimpleNamespace, cfg: Any) -> Any:
-    """One rank's KV cache: its share of the KV heads (vLLM shards heads over TP)."""
+    """One rank's KV cache: its share of the model's KV heads (vLLM shards heads over TP
+    and replicates them once TP exceeds them: max(1, heads // tp), as TransferTopology's
+    local_physical_heads)."""
     tp = int(cfg.parallel_config.tensor_parallel_size)
-    if NUM_KV_HEADS % tp:
-        raise DriverUnavailable(f"tp={tp} does not divide the fixture's {NUM_KV_HEADS} KV heads")
+    heads = int(cfg.model_config.get_total_num_kv_heads())
+    if heads % tp if heads >= tp else tp % heads:
+        raise DriverUnavailable(f"tp={tp} and the fixture's {heads} KV heads do not divide")
     layers = [f"model.decoder.layers.{i}.self_attn.attn" for i in range(NUM_LAYERS)]
     spec = api.FullAttentionSpec(
         block_size=BLOCK_SIZE,
-        num_kv_heads=NUM_KV_HEADS // tp,
+        num_kv_heads=max(1, heads // tp),
         head_size=HEAD_SIZE,
         dtype=api.torch.float32,
     )
