@@ -348,7 +348,19 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for line in doc["summary"]:
         print(line)
-    return 0
+    return 0 if args.variant is None else _variant_exit(doc, args.variant)
+
+
+def _variant_exit(doc: dict[str, JSON], variant: str) -> int:
+    """With --variant V the question is "does V conform?": 0 only when every trace of V
+    that was driven conforms (none diverged, none inconclusive, at least one driven)."""
+    variants = doc["variants"]
+    v = variants.get(variant) if isinstance(variants, dict) else None
+    if not isinstance(v, dict):
+        return 1
+    ok = v.get("diverging") == 0 and v.get("inconclusive") == 0
+    traces = v.get("traces")
+    return 0 if ok and isinstance(traces, int) and traces > 0 else 1
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -363,7 +375,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--variant",
         choices=DESIGNS,
         default=None,
-        help="only the traces of models of this design (variant, +reaper if not its default)",
+        help="only the traces of models of this design (variant, +reaper if not its "
+        "default); exit 1 unless every driven trace of it conforms",
     )
     p.add_argument("--attempts", type=int, default=ATTEMPTS, metavar="N",
                    help="replays of a trace whose wait timed out, each waiting "

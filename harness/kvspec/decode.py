@@ -6,10 +6,10 @@ liveness properties (a second run); the machinery is kvspec.sweep's.
 
 `kvspec decode [--tier fast|full] [--only NAME] [--json F] [--out DIR]`; exit 1 when a
 verdict differs from its expectation or TLC did not decide it, 2 on a bad matrix.
-`kvspec decode --conform [--tier fast|full]` replays the traces of conformance/decode.toml
-on the installed vLLM's decode engine (kvspec.decode_traces): which decode-side design it
-implements (0.32's as shipped, or a divergence named by trace and step); vLLM's logs go to
-build/logs/.
+`kvspec decode --conform [--tier fast|full] [--only NAME]` replays the traces of
+conformance/decode.toml (--only: conformance rows by name) on the installed vLLM's
+decode engine (kvspec.decode_traces): which decode-side design it implements (0.32's as
+shipped, or a divergence named by trace and step); vLLM's logs go to build/logs/.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def conform(args: argparse.Namespace) -> int:
     with vllm_logs("decode", args.verbose) as log:
         if log is not None:
             print(f"vLLM's log: {log}")
-        for name, row, trace in suite(args.tier):
+        for name, row, trace in suite(args.tier, frozenset(args.only)):
             res = replay_with_retry(trace, lambda row=row: DecodeDriver(row))  # type: ignore[misc]
             verdict = ("diverges" if res.divergence else
                        "inconclusive" if res.timeout else "conforms")  # fmt: skip

@@ -192,12 +192,15 @@ class DecodeRun:
 _GENERATED: dict[str, list[Trace]] = {}
 
 
-def suite(tier: str = "fast") -> list[tuple[str, SweepRow, Trace]]:
-    """(name, row, trace) for every conformance row of `tier` (fast: the fast rows only),
-    generated once per process under build/decode-traces/."""
+def suite(
+    tier: str = "fast", only: frozenset[str] = frozenset()
+) -> list[tuple[str, SweepRow, Trace]]:
+    """(name, row, trace) for every conformance row of `tier` (fast: the fast rows only;
+    `only`: these rows, whatever their tier), generated once per process under
+    build/decode-traces/."""
     out: list[tuple[str, SweepRow, Trace]] = []
     for row in conform_rows():
-        if tier == "fast" and row.tier != "fast":
+        if (row.name not in only) if only else (tier == "fast" and row.tier != "fast"):
             continue
         if row.name not in _GENERATED:
             _GENERATED[row.name] = generate(row, REPO / "build" / "decode-traces" / row.name)

@@ -241,3 +241,17 @@ def test_report_verdicts() -> None:
     assert ctx(traces=3, conforming=1, inconclusive=2) == "inconclusive on 2"
     assert ctx(traces=3, conforming=2) == "diverges"  # uncounted traces: not inconclusive
     assert VariantResult().to_json()["inconclusive"] == 0
+
+
+def test_conform_with_a_variant_exits_1_unless_every_driven_trace_conforms() -> None:
+    from kvspec.conform import _variant_exit
+
+    def doc(**v: object) -> dict[str, object]:
+        base = {"traces": 3, "diverging": 0, "inconclusive": 0}
+        return {"variants": {"fixed": {**base, **v}}}
+
+    assert _variant_exit(doc(), "fixed") == 0
+    assert _variant_exit(doc(diverging=1), "fixed") == 1
+    assert _variant_exit(doc(inconclusive=1), "fixed") == 1
+    assert _variant_exit(doc(traces=0), "fixed") == 1
+    assert _variant_exit(doc(), "v0.29") == 1
