@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kvspec.drivers.reference import ReferenceDriver
 from kvspec.itf import dumps
-from kvspec.matrix import MatrixError, ModelRow, load_matrix
+from kvspec.matrix import DEFAULT_TIERS, MatrixError, ModelRow, load_matrix
 from kvspec.replay import load_trace, replay
 from kvspec.statgraph import DotError, tlc_state_graph
 from kvspec.traces import (
@@ -139,7 +139,7 @@ def _save_regressions(rows: list[ModelRow], check_dir: Path) -> int:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        rows = [r for r in load_matrix(args.matrix) if r.tier == "default"]
+        rows = [r for r in load_matrix(args.matrix) if r.tier in DEFAULT_TIERS]
     except MatrixError as exc:
         print(f"kvspec traces: {exc}", file=sys.stderr)
         return 2

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kvspec.matrix import DEFAULT_MATRIX, ModelRow, design, load_matrix
+from kvspec.matrix import DEFAULT_MATRIX, DEFAULT_TIERS, ModelRow, design, load_matrix
 
 REPO = DEFAULT_MATRIX.parents[1]
 CONFORMANCE_MATRIX = REPO / "conformance" / "matrix.toml"
@@ -117,7 +117,7 @@ def ensure_generated(
     """Regenerate `out` from `matrix` unless its stamp matches the inputs' digest."""
     key = digest(matrix)
     if not is_fresh(out, key):
-        rows = [r for r in load_matrix(matrix) if r.tier == "default"]
+        rows = [r for r in load_matrix(matrix) if r.tier in DEFAULT_TIERS]
         write_generated(out, key, generate(rows))
     return out
 
