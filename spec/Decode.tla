@@ -24,7 +24,6 @@ CONSTANTS
     DTP,          \* decode world size (TP; PP = PCP = 1)
     PTP,          \* producer TP: one producer rank per TP rank
     MLA,          \* MLA model: P TP > D TP reads one rank, notify-only to the rest
-    KVHeads,      \* the model's KV heads (total_num_kv_heads; GQA / MQA when < PTP)
     Policy,       \* kv_load_failure_policy: "fail" (default) | "recompute"
     ReadFail,     \* a READ may end in error (NIXL transfer state ERR)
     FullHit,      \* a request may be a full local prefix hit (nothing to read)
@@ -40,7 +39,7 @@ Bugs == {"none", "abort-frees-at-once", "full-hit-registered", "failure-only-log
          "notify-local-id", "count-tp-only", "second-child-recv"}
 
 ASSUME
-    /\ DTP \in {1, 2} /\ PTP \in {1, 2} /\ KVHeads \in {1, 2}
+    /\ DTP \in {1, 2} /\ PTP \in {1, 2}
     /\ Policy \in {"fail", "recompute"}
     /\ Composition \in {"nixl", "multi-nixl-lmcache", "multi-nixl-example"}
     /\ Bug \in Bugs
@@ -50,18 +49,15 @@ DRanks == 0 .. (DTP - 1)
 PRanks == 0 .. (PTP - 1)
 Delays == Composition = "multi-nixl-lmcache"  \* LMCacheMPConnector.request_finished: True
 
-(* The read plan (nixl/tp_mapping.py:70-161, utils.py:495-606).            *)
+(* The read plan (nixl/tp_mapping.py:70-161, utils.py:495-606).  The    *)
+(* model has at least PTP KV heads (or is MLA): for a plain attention     *)
+(* model with P TP > KV heads, D TP < P TP is refused at the handshake    *)
+(* (BW:2445-2451), and GQA dedup (tp_mapping.py:98-109) only applies to   *)
+(* hybrid Mamba models, whose SSM state is read from every rank (111-118).*)
 K == IF PTP > DTP THEN PTP \div DTP ELSE 1
-Group(w) == {w * K + i : i \in 0 .. (K - 1)}
-\* The KV head producer rank q holds (one head per rank once PTP >= KVHeads).
-HeadOf(q) == (q * KVHeads) \div PTP
-\* GQA dedup, P TP > D TP (tp_mapping.py:98-109): of the group's ranks that hold the
-\* same head only the first is read; the others are handshaken and heartbeated
-\* (utils.py:564-587) but get no READ and no notification (the notify-only branch,
-\* pull_worker.py:369-391, is MLA's alone).
 Reads(w) == IF PTP <= DTP THEN {(w * PTP) \div DTP}
             ELSE IF MLA THEN {w * K}
-            ELSE {q \in Group(w) : \A q2 \in Group(w) : q2 < q => HeadOf(q2) # HeadOf(q)}
+            ELSE {w * K + i : i \in 0 .. (K - 1)}
 \* MLA, P TP > D TP: notify-only to the group's other ranks (pull_worker.py:369-391)
 NotifyOnly(w) == IF PTP > DTP /\ MLA THEN {w * K + i : i \in 1 .. (K - 1)} ELSE {}
 Sources(w) == Reads(w) \cup NotifyOnly(w)

@@ -32,7 +32,6 @@ DECODE = Sweep(
         Const("DTP", "dtp", "int"),
         Const("PTP", "ptp", "int"),
         Const("MLA", "mla", "bool"),
-        Const("KVHeads", "kv_heads", "int"),
         Const("Policy", "policy", "str", ("fail", "recompute")),
         Const("ReadFail", "read_fail", "bool"),
         Const("FullHit", "full_hit", "bool"),
@@ -45,7 +44,7 @@ DECODE = Sweep(
     invariants=("DNoFreeUnderRead", "PNoFreeUnderRead", "NoAssertCrash", "ProducerNotified"),
     reach=("ReachReceived", "ReachAbortHeld", "ReachNotified"),
     liveness=("WaitingLeaves", "HeldReleased"),
-    columns=("PTP", "DTP", "MLA", "KVHeads", "Policy", "Composition", "AsyncScheduling", "Bug"),
+    columns=("PTP", "DTP", "MLA", "Policy", "Composition", "AsyncScheduling", "Bug"),
     title="decode side (spec/Decode.tla): a P->D round trip",
     max_requests=2,
 )

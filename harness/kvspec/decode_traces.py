@@ -208,10 +208,12 @@ def suite(
     return out
 
 
-def run_decode_regressions(device: str = "cpu") -> DecodeRun:
+def run_decode_regressions(device: str = "cpu", only: frozenset[str] = frozenset()) -> DecodeRun:
+    """The decode traces (the fast tier, or the rows `only` names) on `device`, up to the
+    first that does not replay."""
     from kvspec.drivers.decode_driver import DecodeDriver
 
-    for name, row, trace in suite():
+    for name, row, trace in suite("fast", only):
 
         def make(row: SweepRow = row) -> Any:
             return DecodeDriver(row, device)

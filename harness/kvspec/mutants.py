@@ -135,7 +135,8 @@ def run_mutant(
     # kills it), so they must not outlive it.
     with discard_built_inside(), patched(mutant.base, mutant.patch):
         if mutant.family == "decode":
-            return _decode_outcome(mutant, run_decode_regressions(device), t0)
+            dec = run_decode_regressions(device, frozenset(mutant.decode_rows))
+            return _decode_outcome(mutant, dec, t0)
         name, div, crash = run_traces(traces or [], device)
         if div is None and not crash and device == "cpu":
             lease = run_lease_regressions()

@@ -79,24 +79,3 @@ def test_a_wrong_guard_in_the_spec_is_caught(tmp_path: Path) -> None:
     row = replace(ROWS["p1-d1-shipped"], expect={"DNoFreeUnderRead": "holds"})
     res = check_sweep_row(sweep, row, tmp_path / "out")
     assert res.verdicts["DNoFreeUnderRead"] == "violated"
-
-
-@needs_java
-def test_mqa_dedup_leaves_a_producer_rank_to_its_lease(tmp_path: Path) -> None:
-    # Finding: with one KV head at P TP 2, D reads rank 0 only (GQA dedup) and rank 1 is
-    # never notified. TLC's counterexample: rank 1 is never read, and its lease ends it.
-    import json
-
-    row = ROWS["p2-d1-mqa-shipped"]
-    res = check_sweep_row(DECODE, row, tmp_path)
-    assert res.verdicts["ProducerNotified"] == "violated"
-    cex = json.loads((tmp_path / row.name / "ProducerNotified.itf.json").read_text())
-    states = cex["states"]
-    assert states[-1]["#meta"]["action"] == "lease_expire"
-    assert states[-1]["pst"]["#map"][1][1] == ["expired"]
-    assert all(s["h"]["#map"][0][1][0]["#map"][1][1] == "none" for s in states)
-    # Negative control: two KV heads (one per rank) at the same TP: both ranks are read
-    # and notified, and ProducerNotified holds.
-    two = replace(row, name="p2-d1-kv2", consts={**row.consts, "KVHeads": 2},
-                  expect={"ProducerNotified": "holds"})  # fmt: skip
-    assert check_sweep_row(DECODE, two, tmp_path).verdicts["ProducerNotified"] == "holds"

@@ -24,9 +24,9 @@ request with those params (`do_remote_prefill`) and the same prompt.
 Only the model forward is replaced (a synthetic ModelRunnerOutput). A READ is held "in
 progress" by a seam on D's `check_xfer_state` (NIXL cannot hold a finished transfer), the
 one way to order READ completions as the spec does. P TP and D TP may differ: each D rank
-handshakes and READs the producer ranks vLLM's read plan gives it (nixl/tp_mapping.py,
-GQA dedup included: the fixture model has 2 KV heads, or 1 where the row says
-kv_heads = 1); a READ's producer rank is read off its remote side handle. Not driven: MLA
+handshakes and READs the producer ranks vLLM's read plan gives it (nixl/tp_mapping.py; the
+fixture model has 2 KV heads, at least P TP as Decode.tla assumes); a READ's producer rank
+is read off its remote side handle. Not driven: MLA
 (the CPU fixture has no MLA attention), full prefix hits (0.32 takes one
 only with a prefill backoff > 0, base_scheduler.py:379-403: Mamba layers, a bounded-replay
 window, MTP/Eagle drafters; the fixture is a plain attention model), the LMCache child
@@ -51,7 +51,6 @@ from kvspec.drivers.vllm_consumers import nixl_of
 from kvspec.drivers.vllm_driver import VllmDriver
 from kvspec.drivers.vllm_env import (
     BLOCK_SIZE,
-    NUM_KV_HEADS,
     DriverUnavailable,
     kv_cache_config,
     runner_output,
@@ -129,7 +128,6 @@ class DecodeDriver:
             raise DriverUnavailable(f"{row.name}: bugs are mutants of the real code here")
         self.row, self.waits, self.N = row, waits, row.requests
         self.T, self.PT = int(c["DTP"]), int(c["PTP"])  # D's ranks, P's ranks
-        kv_heads = int(c.get("KVHeads", NUM_KV_HEADS))
         prow = ModelRow(
             name="decode-producer", variant="v0.30-shipped", composition="nixl",
             topology=Topology(self.PT, 1, 1), requests=self.N, capacity=self.N,
@@ -137,7 +135,7 @@ class DecodeDriver:
         )  # fmt: skip
         self.comp = str(c["Composition"])
         self.p = VllmDriver(prow, device=device, waits=waits, decode_composition=self.comp,
-                            decode_tp=self.T, kv_heads=kv_heads)  # fmt: skip
+                            decode_tp=self.T)  # fmt: skip
         self.held: list[HeldReads] = []
         try:
             self._prefill_on_producer()
@@ -336,11 +334,24 @@ class DecodeDriver:
         return "new" if (rq.kv_transfer_params or {}).get("do_remote_prefill") else "waiting"
 
     def _h(self, w: int, r: int, p: int) -> str:
+        """h[w][r][p]: the READ's state until r is reported. vLLM keeps only in-progress
+        handles: an ended one is released at the poll (_pop_done_transfers, BW:3083-3107)
+        while r waits for its other READs (hetero TP: one per producer rank), its failure
+        kept in _recv_failures (BW:2862-2889); the spec keeps it "done"/"err" meanwhile."""
         cw = self.p.c.consumer_nixl(w).connector_worker
-        for hd in cw._recving_transfers.get(dreq(r), []):
-            if self.handles[w].get(hd) == (r, p):
-                res = self.results.get(hd)
+        live = cw._recving_transfers.get(dreq(r))
+        if live is None:
+            return "none"
+        for hd, rp in self.handles[w].items():
+            if rp != (r, p):
+                continue
+            res = self.results.get(hd)
+            if hd in live:
                 return "proc" if res is None else ("done" if res[1] else "err")
+            if res is not None:  # ended and released, r still waiting for a sibling
+                if res[1]:
+                    return "done"
+                return "err" if dreq(r) in getattr(cw, "_recv_failures", ()) else "none"
         return "none"
 
     def observe(self) -> dict[str, object]:

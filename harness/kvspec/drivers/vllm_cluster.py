@@ -188,6 +188,11 @@ class Cluster:
             waits.until(drained, f"consumer {t}'s READs in flight to complete")
             cw._recving_metadata.clear()
             getattr(cw, "_recv_failures", set()).clear()  # 0.30+
+            # A failed receive the drain reported queued its blocks as invalid
+            # (base_worker.py:2914); the next trace's D would fail its request with them.
+            drain = getattr(self.consumer_nixl(t), "get_block_ids_with_load_errors", None)
+            if drain is not None:
+                drain()
         for ib in self.inboxes:
             ib.reset()
 

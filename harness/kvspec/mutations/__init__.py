@@ -49,6 +49,9 @@ class Mutant:
     # The traces that measure it: "producer" (KVCompletion's, then LeaseClock's, then
     # Decode's) or "decode" (Decode.tla's only: a decode-side bug).
     family: str = "producer"
+    # The decode conformance rows that measure a decode mutant (empty: the fast tier),
+    # for a bug only a shape outside it shows (hetero TP: conf-decode-p1-d2-fail).
+    decode_rows: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:

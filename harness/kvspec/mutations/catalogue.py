@@ -32,8 +32,12 @@ def _m(
     base: Base = SHIPPED,
     equivalent_because: str | None = None,
     family: str = "producer",
+    decode_rows: tuple[str, ...] = (),
 ) -> Mutant:
-    return Mutant(Patch(name, description, target, origin, make), base, equivalent_because, family)
+    return Mutant(
+        Patch(name, description, target, origin, make), base, equivalent_because, family,
+        decode_rows,
+    )  # fmt: skip
 
 
 _ALL = [
@@ -322,6 +326,15 @@ _ALL = [
         "rule: done once no handle is left (base_worker.py:3109-3113)",
         de.recv_reported_before_reads_end,
         family="decode",
+    ),
+    _m(
+        "decode-notif-count-one",
+        "a producer rank frees r at the first notification, whatever D reads (n = 1)",
+        "vllm.distributed.kv_transfer.kv_connector.utils:TransferTopology.dcp_consumer_count",
+        "#56033's class: n = local_consumers (utils.py:589-606)",
+        de.notif_count_one,
+        family="decode",
+        decode_rows=("conf-decode-p1-d2-fail",),  # two D ranks read one P rank: n = 2
     ),
 ]
 

@@ -44,3 +44,13 @@ def recv_reported_before_reads_end(orig: Any) -> Any:
         return done | early, failed
 
     return pop
+
+
+def notif_count_one(orig: Any) -> Any:
+    # #56033's class: the count of readers each producer rank waits for is 1, whatever
+    # D's TP (utils.py:606: max(1, tp_ratio) local ranks share a remote rank).
+    def count(self: Any, remote_tp_size: int, remote_dcp_size: int) -> int:
+        orig(self, remote_tp_size, remote_dcp_size)
+        return 1
+
+    return count
