@@ -15,6 +15,7 @@ shipped, or a divergence named by trace and step); vLLM's logs go to build/logs/
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from kvspec.sweep import Const, Sweep, add_sweep_arguments, run_sweep
@@ -83,12 +84,19 @@ def conform(args: argparse.Namespace) -> int:
             if verdict != "conforms" and row.name not in first:
                 first[row.name] = f"{name}: {res.divergence or res.timeout}"
     rows = sorted({r for r, _ in counts})
+    table: dict[str, dict[str, object]] = {}
     for r in rows:
         n = {v: counts[(r, v)] for v in ("conforms", "diverges", "inconclusive")}
+        table[r] = {**n, "first": first.get(r)}
         tail = f"; first: {first[r]}" if r in first else ""
         print(f"{r}: {n['conforms']}/{sum(n.values())} conform, {n['diverges']} diverge, "
               f"{n['inconclusive']} inconclusive{tail}")  # fmt: skip
     bad = sum(counts[(r, v)] for r in rows for v in ("diverges", "inconclusive"))
     print("the installed vLLM's decode side conforms to Decode.tla (0.32 as shipped)"
           if not bad else f"{bad} traces did not conform (see above)")  # fmt: skip
+    if args.json is not None:
+        diverged = any(counts[(r, "diverges")] for r in rows)
+        verdict = "diverges" if diverged else "inconclusive" if bad else "conforms"
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"verdict": verdict, "rows": table}, indent=1) + "\n")
     return 1 if bad else 0

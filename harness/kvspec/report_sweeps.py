@@ -67,7 +67,7 @@ def _rows(data: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def _load(path: Path) -> list[Mapping[str, Any]] | None:
+def _load(path: Path) -> list[Mapping[str, Any]] | None:  # a JSON list, else None
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -75,10 +75,35 @@ def _load(path: Path) -> list[Mapping[str, Any]] | None:
     return data if isinstance(data, list) else None
 
 
-def sweeps_context(lease_json: Path, decode_json: Path, decode_dir: Path) -> dict[str, Any]:
-    """{lease, decode}: rows (None when that sweep's JSON is missing) and, for decode, each
-    violated invariant's counterexample as lanes."""
-    out: dict[str, Any] = {}
+def release_rows(path: Path) -> list[dict[str, str]] | None:
+    """`make versions` (build/versions.json) as release -> the designs it conforms to
+    (producer side, `kvspec conform`), the first divergence elsewhere, the decode side's
+    verdict; None when the sweep was not run."""
+    data = _load(path)
+    if data is None:
+        return None
+    rows = []
+    for r in data:
+        lines = [str(x) for x in r.get("summary", [])]
+        conforms = [ln.split(" conforms to ", 1)[1] for ln in lines if " conforms to " in ln]
+        diverges = [ln.split(" does not conform to ", 1)[1] for ln in lines
+                    if " does not conform to " in ln]  # fmt: skip
+        rows.append({
+            "release": str(r.get("release", "?")),
+            "conforms": "; ".join(conforms) or str(r.get("error") or "none"),
+            "diverges": "; ".join(diverges) or "-",
+            "decode": str(r.get("decode", "not run")),
+        })  # fmt: skip
+    return rows
+
+
+def sweeps_context(
+    lease_json: Path, decode_json: Path, decode_dir: Path,
+    versions_json: Path = Path("build/versions.json"),
+) -> dict[str, Any]:  # fmt: skip
+    """{lease, decode, releases}: rows (None when that sweep's JSON is missing) and, for
+    decode, each violated invariant's counterexample as lanes."""
+    out: dict[str, Any] = {"releases": release_rows(versions_json)}
     for name, path in (("lease", lease_json), ("decode", decode_json)):
         data = _load(path)
         out[name] = {

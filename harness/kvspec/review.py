@@ -131,7 +131,9 @@ def run_review(args: argparse.Namespace) -> int:
         versions["vLLM"] = str(conform["vllm"])
     from kvspec.report_sweeps import sweeps_context
 
-    sweeps = sweeps_context(args.lease_json, args.decode_json, args.decode_dir)
+    sweeps = sweeps_context(
+        args.lease_json, args.decode_json, args.decode_dir, args.versions_json
+    )
     build_report(check, conform, traces, mutants, versions, args.out, sweeps)
     results = check.get("results") or []
     bad = [r for r in results if r.get("verdict") != r.get("expected")]

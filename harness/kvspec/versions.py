@@ -27,10 +27,15 @@ class ReleaseResult:
     summary: list[str]
     variants: dict[str, dict[str, object]]
     error: str = ""
+    # The decode side (`kvspec decode --conform`, fast tier): "conforms" to Decode.tla's
+    # 0.32 design, "diverges" (first trace per row), "inconclusive", or why it did not run.
+    decode: str = "not run"
+    decode_rows: dict[str, object] | None = None
 
     def to_json(self) -> dict[str, object]:
         return {"release": self.release, "rc": self.rc, "summary": self.summary,
-                "variants": self.variants, "error": self.error}  # fmt: skip
+                "variants": self.variants, "error": self.error, "decode": self.decode,
+                "decode_rows": self.decode_rows}  # fmt: skip
 
 
 def layered_venv(release: str, root: Path, timeout_s: float = 1800) -> Path:
@@ -71,6 +76,28 @@ def conform(release: str, py: Path, out: Path, timeout_s: float = 3600) -> Relea
     return ReleaseResult(release, rc, list(data.get("summary", [])), dict(data.get("variants", {})))
 
 
+def decode_side(
+    py: Path, out: Path, timeout_s: float = 1800
+) -> tuple[str, dict[str, object] | None]:
+    """`kvspec decode --conform` in the release's venv: its verdict and per-row counts, or
+    why it gave none (a release the decode driver cannot build, a timeout)."""
+    js = out / "decode.json"
+    js.unlink(missing_ok=True)
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+    with (out / "decode.log").open("wb") as log:
+        try:
+            subprocess.run([str(py), "-m", "kvspec.cli", "decode", "--conform", "--json",
+                            str(js)], stdout=log, stderr=subprocess.STDOUT, env=env,
+                           timeout=timeout_s)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return f"inconclusive: timed out after {timeout_s:.0f} s", None
+    if not js.exists():
+        tail = (out / "decode.log").read_text(errors="replace").strip().splitlines()[-1:]
+        return f"not driven: {' '.join(tail)}", None
+    data = json.loads(js.read_text())
+    return str(data.get("verdict")), dict(data.get("rows", {}))
+
+
 def print_table(rows: list[ReleaseResult]) -> None:
     print(f"{'release':18} {'variant':16} {'conforming':>10} {'diverging':>9}  first divergence")
     for r in rows:
@@ -82,6 +109,7 @@ def print_table(rows: list[ReleaseResult]) -> None:
             what = first.get("class", "") if isinstance(first, dict) else ""
             print(f"{r.release:18} {v:16} {d.get('conforming', 0)!s:>10} "
                   f"{d.get('diverging', 0)!s:>9}  {what} {where}")  # fmt: skip
+        print(f"{r.release:18} {'decode side':16} {r.decode}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -99,8 +127,11 @@ def run(args: argparse.Namespace) -> int:
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
             rows.append(ReleaseResult(rel, 2, [], {}, f"install failed: {exc}"))
             continue
-        rows.append(conform(rel, py, args.out / rel.replace("==", "-")))
+        out = args.out / rel.replace("==", "-")
+        rows.append(conform(rel, py, out))
         print("\n".join(rows[-1].summary) or rows[-1].error, flush=True)
+        rows[-1].decode, rows[-1].decode_rows = decode_side(py, out)
+        print(f"decode side: {rows[-1].decode}", flush=True)
     print_table(rows)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps([r.to_json() for r in rows], indent=2))

