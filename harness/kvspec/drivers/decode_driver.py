@@ -45,7 +45,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvspec.drivers.base import MissingAction
-from kvspec.drivers.vllm_adapters import connector_output, transfer_results
+from kvspec.drivers.vllm_adapters import (
+    awaits,
+    connector_output,
+    failed_recving,
+    reap_expired,
+    transfer_results,
+)
 from kvspec.drivers.vllm_cluster import DECODE_COMPOSITIONS as DECODE
 from kvspec.drivers.vllm_consumers import nixl_of
 from kvspec.drivers.vllm_driver import VllmDriver
@@ -256,12 +262,13 @@ class DecodeDriver:
         side = self.held[t].remote_side[hd]
         return next(int(rank) for rank, h in by_rank.items() if h is side or h == side)
 
-    def _notif(self, r: int) -> bytes:
-        """The "r:n" each READ of r carries: n = local_consumers of D's read plan
-        (utils.py:589-606), the same for every D rank."""
-        cw = self.p.c.consumer_nixl(0).connector_worker
-        n = cw.tp_mappings[self.p.c.engine_id].local_consumers
-        return f"{req_id(r)}:{n}".encode()
+    def _arrived(self, p: int, r: int) -> tuple[str, bytes]:
+        """A READ's "r:n" at P rank p's agent, once it arrived (n is vLLM's own count of
+        the D ranks reading p, local_consumers: utils.py:589-606; P checks it)."""
+        prefix = f"{req_id(r)}:".encode()
+        return self.p.c.inboxes[p].wait_arrived_where(
+            lambda m: m.startswith(prefix), f"a notification of {req_id(r)}", self.waits
+        )
 
     def execute(self) -> None:
         """Decode.tla `execute`: every D worker's step on the scheduled metadata."""
@@ -300,11 +307,11 @@ class DecodeDriver:
         held.end(hd, ok)
         self.results[hd] = (w, ok)
         if not ok:  # NIXL delivered its notification anyway: a failed READ sends none
-            self.p.c.inboxes[p].wait_arrived(self._notif(r), self.waits)
+            self._arrived(p, r)
 
     def deliver(self, p: int, r: int) -> None:
         inbox = self.p.c.inboxes[p]
-        inbox.deliver(inbox.wait_arrived(self._notif(r), self.waits))
+        inbox.deliver(self._arrived(p, r))
         done = self.p.c.nixl_worker(p)._get_new_notifs()
         if req_id(r) in done:
             self.pst[(p, r)] = "notified"
@@ -314,9 +321,7 @@ class DecodeDriver:
         if req_id(r) not in nw._reqs_to_send:
             raise MissingAction(f"lease_expire({p}, {r}): no lease")
         nw._reqs_to_send[req_id(r)] = time.perf_counter() - 1.0
-        done: set[str] = set()
-        nw._reap_expired_send_leases(done)
-        if req_id(r) in done:
+        if req_id(r) in reap_expired(self.p.c.nixl(p), nw):
             self.pst[(p, r)] = "expired"
 
     # ------------------------------------------------------------------ observe
@@ -371,10 +376,10 @@ class DecodeDriver:
             kv = [o.kv_connector_output for o in st.outputs]
             none: dict[int, frozenset[int]] = {w: frozenset() for w in ranks}
             return {
-                "recv": rs(meta), "aw": rs(k for k, m in meta.items() if m.awaiting_kvs),
+                "recv": rs(meta), "aw": rs(k for k, m in meta.items() if awaits(m)),
                 "ran": st.ran,
                 "out": {w: rs(kv[w].finished_recving or ()) for w in ranks} if kv else none,
-                "fail": {w: rs(kv[w].failed_recving or ()) for w in ranks} if kv else none,
+                "fail": {w: rs(failed_recving(kv[w])) for w in ranks} if kv else none,
                 "send": none,
             }  # fmt: skip
         p_held = {(p, r): req_id(r) in self.p.c.nixl_worker(p)._reqs_to_send for p in pranks

@@ -109,6 +109,36 @@ def add_recv(meta: Any, rid: str, blocks: Any, params: dict[str, Any]) -> None:
         meta.add_new_req_to_recv(rid, blocks, params)
 
 
+def failed_recving(output: Any) -> set[str]:
+    """A KVConnectorOutput's failed receives; 0.29's output has no such field
+    (`v1/outputs.py:291`)."""
+    return set(getattr(output, "failed_recving", None) or ())
+
+
+def awaits(meta: Any) -> bool:
+    """Whether D's worker awaits a receive entry (posts READs for it): `ReqMeta.awaiting_kvs`
+    since 0.30; 0.29's entries have no such field: an entry with local blocks is read, one
+    without (an aborted request's cleanup, a full hit) is notify-only."""
+    aw = getattr(meta, "awaiting_kvs", None)
+    if aw is not None:
+        return bool(aw)
+    return any(len(group) > 0 for group in meta.local_block_ids)
+
+
+def reap_expired(conn: Any, nixl_worker: Any) -> set[str]:
+    """One pass of a producer worker's lease reaper: the requests it reaped. 0.31+ has
+    `_reap_expired_send_leases(done)`; 0.29/0.30 reap inline at the end of the worker's
+    completion poll (0.30: `base_worker.py:2760-2777`, early break), so the poll runs and
+    its finished_sending is taken (notifications are consumed by the drivers themselves,
+    so none are pending in it)."""
+    reap = getattr(nixl_worker, "_reap_expired_send_leases", None)
+    if reap is not None:
+        done: set[str] = set()
+        reap(done)
+        return done
+    return set(transfer_results(conn, set()).finished_sending)
+
+
 def optional(name: str) -> Any:
     try:
         return resolve(name, OPTIONAL)
