@@ -26,11 +26,12 @@ progress" by a seam on D's `check_xfer_state` (NIXL cannot hold a finished trans
 one way to order READ completions as the spec does. P TP and D TP may differ: each D rank
 handshakes and READs the producer ranks vLLM's read plan gives it (nixl/tp_mapping.py; the
 fixture model has 2 KV heads, at least P TP as Decode.tla assumes); a READ's producer rank
-is read off its remote side handle. Not driven: MLA
-(the CPU fixture has no MLA attention), full prefix hits (0.32 takes one
+is read off its remote side handle. Release differences go through vllm_adapters.
+
+Not driven: MLA (the CPU fixture has no MLA attention), full prefix hits (0.32 takes one
 only with a prefill backoff > 0, base_scheduler.py:379-403: Mamba layers, a bounded-replay
-window, MTP/Eagle drafters; the fixture is a plain attention model), the LMCache child
-(it needs its server) and the re-introduced bugs (mutants are applied to the real code
+window, MTP/Eagle drafters; the fixture is a plain attention model), the LMCache child (it
+needs its server) and the re-introduced bugs (mutants are applied to the real code
 instead).
 """
 
