@@ -64,14 +64,18 @@ def test_plain_attention_p_tp_above_kv_heads_is_refused_at_the_handshake() -> No
     # P TP > KV heads with D TP < P TP (base_worker.py:2445-2451, an assert inside the
     # handshake), so GQA dedup never leaves a producer rank unread. One KV head at P TP 2,
     # D TP 1: the real handshake fails. Negative control: two heads, the same TPs, builds.
+    from kvspec.drivers.base import WaitTimeout
     from kvspec.drivers.vllm_driver import VllmDriver
     from kvspec.drivers.vllm_inbox import ClusterError
     from kvspec.matrix import ModelRow, Topology
 
     prow = ModelRow("p2", "v0.30-shipped", "nixl", Topology(2, 1, 1), 1, 1, False)
-    with pytest.raises(ClusterError, match="handshake"):
-        VllmDriver(prow, decode_tp=1, kv_heads=1).close()
-    VllmDriver(prow, decode_tp=1, kv_heads=2).close()
+    try:  # the side channel's reply may time out on a loaded machine: inconclusive
+        with pytest.raises(ClusterError, match="handshake"):
+            VllmDriver(prow, decode_tp=1, kv_heads=1).close()
+        VllmDriver(prow, decode_tp=1, kv_heads=2).close()
+    except WaitTimeout as exc:
+        pytest.skip(f"inconclusive: {exc}")
 
 
 @pytest.mark.parametrize("name", DECODE_MUTANTS)

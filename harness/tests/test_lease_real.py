@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("nixl")
 
-from kvspec.drivers.base import MissingAction  # noqa: E402
+from kvspec.drivers.base import MissingAction, WaitTimeout  # noqa: E402
 from kvspec.drivers.lease_driver import LeaseDriver  # noqa: E402
 from kvspec.lease_replay import replay_lease  # noqa: E402
 from kvspec.mutations import Base, patched  # noqa: E402
@@ -99,7 +99,10 @@ def test_engine_ttl_keeps_vllms_ratio_to_the_stretched_lease() -> None:
     # vLLM's defaults (engine_ttl 3600 s = 720 ticks); the heartbeat then arrives.
     with LeaseDriver(1) as d:
         assert not _evicts_p_after(d, 16)
-        d.heartbeat(True)
+        try:
+            d.heartbeat(True)
+        except WaitTimeout as exc:  # a loaded machine: inconclusive, never a verdict
+            pytest.skip(f"inconclusive: {exc}")
 
 
 def test_negative_control_the_unscaled_engine_ttl_evicts_p() -> None:

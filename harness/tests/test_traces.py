@@ -183,3 +183,24 @@ def test_save_regressions_skips_a_row_checked_as_another_model(tmp_path: Path) -
     (work / "joint.cfg").write_text(ROW.cfg_text(["TypeOK"], []))
     (work / "X.itf.json").write_text(json.dumps({"states": []}))
     assert regression_docs([ROW], tmp_path) == ({}, [])
+
+
+def test_spec_matrix_traces_include_its_fast_rows(tmp_path: Path) -> None:
+    # The nightly spec-matrix replay: the default matrix is its "fast" rows plus its
+    # "default" ones; generating "default" only left 7 fast rows without traces.
+    from kvspec.matrix import DEFAULT_MATRIX
+
+    seen: list[str] = []
+
+    class Generated(Exception):
+        pass
+
+    def fake(rows: list[ModelRow]) -> dict[str, object]:
+        seen.extend(r.name for r in rows)
+        raise Generated  # the rows are all this test needs: nothing is written
+
+    with pytest.raises(Generated):
+        ensure_generated(fake, DEFAULT_MATRIX, tmp_path / "t")  # type: ignore[arg-type]
+    tiers = {r.name: r.tier for r in load_matrix(DEFAULT_MATRIX)}
+    assert sorted(seen) == sorted(tiers)
+    assert {tiers[n] for n in seen} == {"fast", "default"}
