@@ -27,8 +27,9 @@ class ReleaseResult:
     summary: list[str]
     variants: dict[str, dict[str, object]]
     error: str = ""
-    # The decode side (`kvspec decode --conform`, fast tier): "conforms" to Decode.tla's
-    # 0.32 design, "diverges" (first trace per row), "inconclusive", or why it did not run.
+    # The decode side (`kvspec decode --conform`, every conformance/decode.toml row):
+    # "conforms" to Decode.tla's 0.32 design, "diverges" (first trace per row),
+    # "inconclusive", or why it did not run.
     decode: str = "not run"
     decode_rows: dict[str, object] | None = None
 

@@ -28,8 +28,8 @@ from kvspec.matrix import Topology
 # The model config vLLM reads (architecture, dtype, sizes); no weights are loaded.
 TINY_MODEL = Path(str(files("kvspec") / "data" / "tiny-opt"))
 # The fixture model by its number of KV heads (OPT: one KV head per attention head).
-# One head (MQA) puts every producer rank of a TP 2 engine on the same head: vLLM's read
-# plan then deduplicates them (nixl/tp_mapping.py, "GQA dedup").
+# One head (MQA) at P TP 2 and D TP 1 is what vLLM refuses at the handshake
+# (base_worker.py:2445-2451); test_decode_real.py pins that with it.
 MODELS = {2: TINY_MODEL, 1: Path(str(files("kvspec") / "data" / "tiny-opt-mqa"))}
 BLOCK_SIZE = 32
 NUM_LAYERS = 2
