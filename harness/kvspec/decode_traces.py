@@ -132,7 +132,7 @@ def parse_action(text: str) -> tuple[str, list[Any]]:
 
 
 OBSERVED = ("st", "fRecv", "fFail", "crashed", "steps", "cleanup", "reg", "xf", "h", "rem",
-            "pst")  # fmt: skip
+            "pin", "pst")  # fmt: skip
 
 
 def differences(seen: dict[str, object], want: State) -> list[str]:

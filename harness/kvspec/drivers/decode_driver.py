@@ -51,6 +51,7 @@ from kvspec.drivers.vllm_adapters import (
     connector_output,
     failed_recving,
     reap_expired,
+    remote_rank,
     transfer_results,
 )
 from kvspec.drivers.vllm_cluster import DECODE_COMPOSITIONS as DECODE
@@ -79,23 +80,36 @@ def dreq(r: int) -> str:
 class HeldReads:
     """One decode worker's READ handles: "PROC" to vLLM until the spec ends them, then
     NIXL's own state (ok) or "ERR" (a failed transfer). Each READ's remote side handle is
-    noted as it is made: it names the producer rank read (hetero TP reads several)."""
+    noted as it is made: it names the producer rank read (hetero TP reads several). So is
+    its notification, which NIXL sends with the READ's completion, and every standalone
+    `send_notif` (notify-only messages, heartbeats): what D sent P, to project `pin`."""
 
     def __init__(self, wrapper: Any) -> None:
         self.wrapper = wrapper
         self._real = wrapper.check_xfer_state
         self._make = wrapper.make_prepped_xfer
+        self._send = wrapper.send_notif
         self._lock = threading.Lock()
         self.ended: dict[int, bool] = {}  # handle -> ok
         self.remote_side: dict[int, Any] = {}  # handle -> remote xfer side handle
+        self.notif: dict[int, bytes] = {}  # handle -> the notification its completion sends
+        self.sent: list[tuple[str, bytes]] = []  # standalone send_notif: (agent, message)
         wrapper.check_xfer_state = self.check_xfer_state
         wrapper.make_prepped_xfer = self.make_prepped_xfer
+        wrapper.send_notif = self.send_notif
 
     def make_prepped_xfer(self, op: str, local: Any, lids: Any, remote: Any, *a: Any,
                           **k: Any) -> Any:  # fmt: skip
         handle = self._make(op, local, lids, remote, *a, **k)
         self.remote_side[handle] = remote
+        msg = k.get("notif_msg", a[1] if len(a) > 1 else b"")
+        self.notif[handle] = msg.encode() if isinstance(msg, str) else bytes(msg)
         return handle
+
+    def send_notif(self, agent: str, notif_msg: Any, *a: Any, **k: Any) -> Any:
+        msg = notif_msg.encode() if isinstance(notif_msg, str) else bytes(notif_msg)
+        self.sent.append((agent, msg))
+        return self._send(agent, notif_msg, *a, **k)
 
     def check_xfer_state(self, handle: int) -> str:
         with self._lock:
@@ -112,7 +126,7 @@ class HeldReads:
             self.ended[handle] = ok
 
     def restore(self) -> None:
-        for name in ("check_xfer_state", "make_prepped_xfer"):
+        for name in ("check_xfer_state", "make_prepped_xfer", "send_notif"):
             with contextlib.suppress(AttributeError):
                 delattr(self.wrapper, name)
 
@@ -156,6 +170,7 @@ class DecodeDriver:
         self.pst: dict[tuple[int, int], str] = {}  # (p, r) -> notified | expired
         self.handles: dict[int, dict[int, tuple[int, int]]] = {t: {} for t in range(self.T)}
         self.results: dict[int, tuple[int, bool]] = {}  # handle -> (w, ok) once ended
+        self.delivered: dict[tuple[int, int], int] = {}  # (p, r) -> notifications delivered
 
     # ------------------------------------------------------------------ set-up
     def _prefill_on_producer(self) -> None:
@@ -313,6 +328,7 @@ class DecodeDriver:
     def deliver(self, p: int, r: int) -> None:
         inbox = self.p.c.inboxes[p]
         inbox.deliver(self._arrived(p, r))
+        self.delivered[(p, r)] = self.delivered.get((p, r), 0) + 1
         done = self.p.c.nixl_worker(p)._get_new_notifs()
         if req_id(r) in done:
             self.pst[(p, r)] = "notified"
@@ -360,10 +376,34 @@ class DecodeDriver:
                 return "err" if dreq(r) in getattr(cw, "_recv_failures", ()) else "none"
         return "none"
 
+    def _pin(self) -> dict[tuple[int, int], int]:
+        """pin[p][r]: the "r:n" D sent producer rank p and the driver has not delivered.
+        Sent: each standalone send_notif (notify-only, BW/PW), and each READ that ended
+        well with a notification attached (NIXL sends it with the completion, PW:546-553);
+        a failed READ sends none. Read off D's own calls, not P's agent, so no wait."""
+        sent: dict[tuple[int, int], int] = {}
+
+        def add(p: int, msg: bytes) -> None:
+            rid, sep, _ = msg.decode(errors="replace").partition(":")
+            if sep and rid.startswith("req-") and rid[4:].isdigit():
+                key = (p, int(rid[4:]))
+                sent[key] = sent.get(key, 0) + 1
+
+        for t, held in enumerate(self.held):
+            agents = self.p.c.consumer_nixl(t).connector_worker._remote_agents
+            rank = {name: remote_rank(k) for k, name in agents.get(self.p.c.engine_id, {}).items()}
+            for agent, msg in held.sent:
+                if agent in rank:
+                    add(rank[agent], msg)
+            for hd, (_, ok) in self.results.items():
+                if ok and hd in self.handles[t] and held.notif.get(hd):
+                    add(self.handles[t][hd][1], held.notif[hd])
+        return {k: n - self.delivered.get(k, 0) for k, n in sent.items()}
+
     def observe(self) -> dict[str, object]:
         """The spec's variables as vLLM holds them (Decode.tla names; r, w, p as in the
-        spec). Not observed: pin and failed (in flight / history, not state), echo,
-        sendPend and sendDone (composition nixl: always empty)."""
+        spec). Not observed: failed (history, not state), echo, sendPend and sendDone
+        (composition nixl: always empty)."""
         reqs = range(1, self.N + 1)
         ranks, pranks = range(self.T), range(self.PT)
 
@@ -383,6 +423,7 @@ class DecodeDriver:
                 "fail": {w: rs(failed_recving(kv[w])) for w in ranks} if kv else none,
                 "send": none,
             }  # fmt: skip
+        pin = self._pin()
         p_held = {(p, r): req_id(r) in self.p.c.nixl_worker(p)._reqs_to_send for p in pranks
                   for r in reqs}  # fmt: skip
         return {
@@ -398,6 +439,7 @@ class DecodeDriver:
                    for w in ranks},  # fmt: skip
             "h": {w: {r: {p: self._h(w, r, p) for p in pranks} for r in reqs} for w in ranks},
             "rem": {r: self.agg._recv_remaining_count.get(dreq(r), 0) for r in reqs},
+            "pin": {p: {r: pin.get((p, r), 0) for r in reqs} for p in pranks},
             "pst": {p: {r: "held" if p_held[(p, r)] else self.pst.get((p, r), "?")
                         for r in reqs} for p in pranks},  # fmt: skip
         }

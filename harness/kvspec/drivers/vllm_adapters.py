@@ -125,6 +125,13 @@ def awaits(meta: Any) -> bool:
     return any(len(group) > 0 for group in meta.local_block_ids)
 
 
+def remote_rank(key: Any) -> int:
+    """The producer rank a key of a decode worker's `_remote_agents[engine]` names:
+    `(pp_rank, tp_rank)` in 0.32 (`base_worker.py:645-649`); a plain rank where a release
+    keys it by TP rank alone."""
+    return int(key[-1]) if isinstance(key, tuple) else int(key)
+
+
 def reap_expired(conn: Any, nixl_worker: Any) -> set[str]:
     """One pass of a producer worker's lease reaper: the requests it reaped. 0.31+ has
     `_reap_expired_send_leases(done)`; 0.29/0.30 reap inline at the end of the worker's

@@ -336,6 +336,15 @@ _ALL = [
         family="decode",
         decode_rows=("conf-decode-p1-d2-fail",),  # two D ranks read one P rank: n = 2
     ),
+    _m(
+        "notif-before-read-done",
+        "D's READ notification reaches the producer before the READ completes (sent at "
+        "post, not with the transfer)",
+        f"{PULL_WORKER}._read_blocks",
+        "ai-dynamo/nixl#252 (#13: notification counted before READ completion)",
+        de.notif_before_read_done,
+        family="decode",
+    ),
 ]
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in _ALL}

@@ -54,3 +54,35 @@ def notif_count_one(orig: Any) -> Any:
         return 1
 
     return count
+
+
+def notif_before_read_done(orig: Any) -> Any:
+    # ai-dynamo/nixl#252's effect, in vLLM's code: the READ's "r:n" reaches the producer
+    # before the READ completes, so P may count it and free the blocks under the READ
+    # (LeaseClock.tla's NotifFirst). Here D sends it with send_notif as it posts the READ,
+    # instead of attaching it to the transfer (pull_worker.py:546-556).
+    def read_blocks(self: Any, read_spec: Any, dst_engine_id: str, *a: Any, **k: Any) -> Any:
+        wrapper = self.nixl_wrapper
+        saved = wrapper.__dict__.get("make_prepped_xfer")
+        make = wrapper.make_prepped_xfer
+        early: list[bytes] = []
+
+        def eager(op: str, *xa: Any, **xk: Any) -> Any:
+            early.append(xk.pop("notif_msg", b""))
+            return make(op, *xa, notif_msg=b"", **xk)
+
+        wrapper.make_prepped_xfer = eager
+        try:
+            posted = orig(self, read_spec, dst_engine_id, *a, **k)
+        finally:
+            if saved is None:
+                del wrapper.make_prepped_xfer
+            else:
+                wrapper.make_prepped_xfer = saved
+        agent = self._remote_agents[dst_engine_id][(0, read_spec.remote_rank)]
+        for msg in early:
+            if msg:
+                wrapper.send_notif(agent, notif_msg=msg)
+        return posted
+
+    return read_blocks
