@@ -26,15 +26,6 @@ def _rows(sweep: Sweep, args: argparse.Namespace) -> list[SweepRow]:
     return [r for r in rows if args.tier == "full" or r.tier == "fast"]
 
 
-def undrivable(row: SweepRow) -> str | None:
-    """Why the lease driver cannot replay a row's traces, or None. A notification that
-    overtakes its READ (NotifFirst, ai-dynamo/nixl#252) is UCX's ordering: real NIXL
-    cannot be made to do it on demand, so those paths would read as divergences of vLLM."""
-    if row.consts.get("NotifFirst") is True:
-        return "NotifFirst: a notification overtaking its READ cannot be forced on real NIXL"
-    return None
-
-
 def print_results(results: list[LeaseConformance], console: Console) -> None:
     table = Table(title="LeaseClock traces on vLLM's real lease code")
     for col in ("row", "edges", "traces", "conforming", "inconclusive", "diverging"):
@@ -62,9 +53,6 @@ def run_lease_conform(sweep: Sweep, args: argparse.Namespace) -> int:
         console.print(f"vLLM's log: {log}", highlight=False)
         for i, row in enumerate(rows, 1):
             console.print(f"[{i}/{len(rows)}] {row.name}", highlight=False)
-            if (why := undrivable(row)) is not None:
-                console.print(f"  skipped: {why}", highlight=False)
-                continue
             try:
                 results.append(conform_row(sweep, row, args.out / "conform"))
             except DotError as exc:

@@ -54,6 +54,16 @@ def step_of(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, tuple[Any, ...]]
     raise ValueError(f"unknown LeaseClock action {action!r}")
 
 
+def overtakes(doc: dict[str, JSON]) -> bool:
+    """Whether a notification overtakes its READ in the trace (NotifFirst): a `deliver`
+    step after which the READ is still in progress. The lease driver must then inject that
+    ordering at its NIXL seam (`LeaseDriver(notif_first=True)`)."""
+    raw: Any = doc["states"]
+    return any(
+        s["#meta"]["action"] == "deliver" and "reading" in s["d"] for s in list(raw)[1:]
+    )
+
+
 def replay_lease(doc: dict[str, JSON], driver: Any) -> LeaseReplay:
     raw: Any = doc["states"]
     states: list[dict[str, Any]] = list(raw)
@@ -104,7 +114,7 @@ def run_lease_regressions(root: Path = LEASE_REGRESSIONS) -> LeaseRun:
         doc = json.loads(path.read_text())
         name = f"lease/{path.name.removesuffix('.itf.json')}"
         try:
-            with LeaseDriver(len(doc["states"][0]["p"])) as d:
+            with LeaseDriver(len(doc["states"][0]["p"]), notif_first=overtakes(doc)) as d:
                 res = replay_lease(doc, d)
         except WaitTimeout as exc:
             return LeaseRun(name, timeout=str(exc))

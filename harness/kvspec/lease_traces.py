@@ -97,12 +97,13 @@ class LeaseConformance:
         return dict(asdict(self))
 
 
-# (requests, wait scale) -> a fresh lease driver whose waits are scaled.
-DriverFactory = Callable[[int, float], Any]
+# (requests, wait scale, NotifFirst) -> a fresh lease driver whose waits are scaled (and
+# which injects a notification overtaking its READ where the row allows one).
+DriverFactory = Callable[[int, float, bool], Any]
 
 
 def _replay_retrying(
-    doc: dict[str, JSON], requests: int, make_driver: DriverFactory, attempts: int
+    doc: dict[str, JSON], row: SweepRow, make_driver: DriverFactory, attempts: int
 ) -> LeaseReplay | str:
     """The replay, or why every attempt's wait expired (inconclusive). As
     `replay.retry_timeouts`: only a timeout is retried, each time with waits WAIT_GROWTH
@@ -110,7 +111,8 @@ def _replay_retrying(
     why = ""
     for n in range(attempts):
         try:
-            with make_driver(requests, WAIT_GROWTH**n) as driver:
+            notif_first = row.consts.get("NotifFirst") is True
+            with make_driver(row.requests, WAIT_GROWTH**n, notif_first) as driver:
                 got = replay_lease(doc, driver)
         except WaitTimeout as exc:
             why = str(exc)
@@ -121,11 +123,11 @@ def _replay_retrying(
     return why
 
 
-def _vllm_lease_driver(requests: int, wait_scale: float = 1.0) -> Any:
+def _vllm_lease_driver(requests: int, wait_scale: float = 1.0, notif_first: bool = False) -> Any:
     from kvspec.drivers.lease_driver import LeaseDriver
     from kvspec.drivers.vllm_inbox import DEFAULT_WAITS
 
-    return LeaseDriver(requests, waits=DEFAULT_WAITS.scaled(wait_scale))
+    return LeaseDriver(requests, waits=DEFAULT_WAITS.scaled(wait_scale), notif_first=notif_first)
 
 
 def conform_row(
@@ -156,7 +158,7 @@ def replay_docs(
     res = LeaseConformance(row.name, edges, len(docs))
     for doc in docs:
         name = f"{row.name}/{doc['#meta']['trace']}"
-        got = _replay_retrying(doc, row.requests, make_driver, attempts)
+        got = _replay_retrying(doc, row, make_driver, attempts)
         if isinstance(got, str):
             res.inconclusive.append(f"{name}: {got}")
         elif got.divergence is None:

@@ -16,7 +16,7 @@ pytest.importorskip("nixl")
 
 from kvspec.drivers.base import MissingAction, WaitTimeout  # noqa: E402
 from kvspec.drivers.lease_driver import LeaseDriver  # noqa: E402
-from kvspec.lease_replay import replay_lease  # noqa: E402
+from kvspec.lease_replay import overtakes, replay_lease  # noqa: E402
 from kvspec.mutations import Base, patched  # noqa: E402
 from kvspec.mutations.catalogue import MUTANTS  # noqa: E402
 
@@ -46,12 +46,39 @@ def _replayed(doc: dict[str, Any], d: LeaseDriver) -> Any:
 @pytest.mark.parametrize("path", FREE_UNDER_READ, ids=lambda p: p.name.split("-NoFree")[0])
 def test_the_free_under_a_read_happens_in_vllm(path: Path) -> None:
     doc = _doc(path)
-    with LeaseDriver(_reqs(doc)) as d:
+    with LeaseDriver(_reqs(doc), notif_first=overtakes(doc)) as d:
         res = _replayed(doc, d)
         assert res.divergence is None, res
-        # the last step: vLLM's worker reaped the lease while D still waits or reads
+        # the last step: vLLM's worker freed r (lease reaped, or an overtaking notification
+        # counted) while D still waits or reads
         (p, _, dr) = d.observe()[1]
         assert p == "freed" and dr in ("queued", "reading")
+
+
+OVERTAKING = REGRESSIONS / "notif-before-read-done-NoFreeUnderRead.itf.json"
+
+
+def test_an_overtaking_notification_frees_then_the_read_runs() -> None:
+    # nixl#252's order injected at D's NIXL seam: P's _get_new_notifs counts "r:1" and
+    # frees r with no regard for the READ (P cannot see it); the READ, posted only now,
+    # still completes, reading blocks P has already released.
+    doc = _doc(OVERTAKING)
+    assert overtakes(doc)
+    with LeaseDriver(_reqs(doc), notif_first=True) as d:
+        assert _replayed(doc, d).divergence is None
+        try:
+            d.read_done(1)
+        except WaitTimeout as exc:
+            pytest.skip(f"inconclusive: {exc}")
+        assert d.observe()[1] == ("freed", None, "done")
+
+
+def test_negative_control_without_the_seam_nothing_overtakes() -> None:
+    # NIXL's own order (the notification rides on the READ): the step cannot be taken.
+    doc = _doc(OVERTAKING)
+    with LeaseDriver(_reqs(doc)) as d:
+        res = _replayed(doc, d)
+    assert res.divergence is not None and "vLLM cannot" in res.divergence
 
 
 def test_early_break_is_the_0_30_reaper_not_0_32s() -> None:
@@ -68,7 +95,7 @@ def test_early_break_is_the_0_30_reaper_not_0_32s() -> None:
 
 
 def test_negative_control_a_wrong_ttl_diverges() -> None:
-    doc = copy.deepcopy(_doc(FREE_UNDER_READ[0]))
+    doc = copy.deepcopy(_doc(REGRESSIONS / "wait30s-hb-lost-NoFreeUnderRead.itf.json"))
     doc["states"][2]["ttl"] = [t + 1 for t in doc["states"][2]["ttl"]]
     with LeaseDriver(_reqs(doc)) as d:
         res = _replayed(doc, d)

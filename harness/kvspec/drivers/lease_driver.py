@@ -21,9 +21,15 @@ that does it, at the spec's granularity:
 
 A heartbeat the spec loses is dropped at the producer's agent, as a failed send would be.
 Observed: `p` (r in the worker's `_reqs_to_send`), `ttl` (its deadline in whole ticks from
-now, for a leased r) and `d` (the READ's state, from the decode worker). Not driven: a
-notification overtaking its READ (`NotifFirst`: UCX decides that ordering) and the
+now, for a leased r) and `d` (the READ's state, from the decode worker). Not driven: the
 handshake-pending first heartbeat (`hs`: at ttl = Lease >= Extend it changes nothing).
+
+A notification overtaking its READ (`NotifFirst`, ai-dynamo/nixl#252) is UCX's ordering,
+which real NIXL cannot be told to produce; with `notif_first` the driver injects it at the
+NIXL seam of D's agent (`EarlyNotifs`), leaving vLLM's code as it is: D's READ is prepared
+without its notification and held unposted; the notification goes out when the spec
+delivers it (before the READ, in the overtaking paths) or right after the READ completes
+(NIXL's order); the READ is posted and completes at `read_done`.
 """
 
 from __future__ import annotations
@@ -78,12 +84,59 @@ def controlled_clock(clock: _Clock) -> Iterator[None]:
             m.time = t  # type: ignore[attr-defined]
 
 
+class EarlyNotifs:
+    """A seam on D's NIXL agent standing for a transport that may deliver a READ's
+    notification before its data: `make_prepped_xfer` keeps the notification back
+    (vLLM attaches it, pull_worker.py:546-553), `transfer` holds the READ unposted; the
+    driver posts each (`post`, `notify`) when the spec says."""
+
+    def __init__(self, wrapper: Any, agent: str) -> None:
+        self.wrapper, self.agent = wrapper, agent
+        self._make, self._transfer = wrapper.make_prepped_xfer, wrapper.transfer
+        self.msg: dict[int, bytes] = {}  # held handle -> its notification
+        self.unposted: list[int] = []
+        self.notified: set[bytes] = set()
+        wrapper.make_prepped_xfer = self.make_prepped_xfer
+        wrapper.transfer = self.transfer
+
+    def make_prepped_xfer(self, op: str, *a: Any, notif_msg: bytes = b"", **k: Any) -> Any:
+        handle = self._make(op, *a, notif_msg=b"", **k)
+        self.msg[handle] = bytes(notif_msg)
+        return handle
+
+    def transfer(self, handle: Any, *a: Any, **k: Any) -> str:
+        self.unposted.append(handle)
+        return "PROC"
+
+    def post(self) -> None:
+        """Post every held READ (the real NIXL transfer)."""
+        held, self.unposted = self.unposted, []
+        for handle in held:
+            self._transfer(handle)
+
+    def notify(self, prefix: bytes) -> None:
+        """Send the held notification that starts with `prefix`, once."""
+        for msg in self.msg.values():
+            if msg.startswith(prefix) and msg not in self.notified:
+                self.notified.add(msg)
+                self.wrapper.send_notif(self.agent, notif_msg=msg)
+
+    def restore(self) -> None:
+        self.post()  # nothing is left unposted for the pooled cluster's reset to drain
+        for name in ("make_prepped_xfer", "transfer"):
+            with contextlib.suppress(AttributeError):
+                delattr(self.wrapper, name)
+
+
 @dataclass
 class LeaseDriver:
     requests: int
     waits: Waits = DEFAULT_WAITS
+    notif_first: bool = False  # inject NotifFirst's ordering (EarlyNotifs)
     clock: _Clock = field(default_factory=_Clock)
+    early: EarlyNotifs | None = None
     d: dict[int, str] = field(default_factory=dict)
+    delivered: set[int] = field(default_factory=set)
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def __post_init__(self) -> None:
@@ -108,6 +161,11 @@ class LeaseDriver:
             for eid in active:
                 active[eid] = self.clock.now
         self.d = {r: "queued" for r in range(1, self.requests + 1)}
+        if self.notif_first:
+            cw = self.vd.c.consumer_nixl(0).connector_worker
+            agent = cw._remote_agents[self.vd.c.engine_id][(0, 0)]
+            self.early = EarlyNotifs(cw.nixl_wrapper, agent)
+            self._stack.callback(self.early.restore)
         missing = [r for r in self.d if req_id(r) not in self._nw._reqs_to_send]
         if missing:
             self.close()
@@ -138,16 +196,27 @@ class LeaseDriver:
         """LeaseClock `read_done(r)`: the decode worker reports the READ done."""
         if self.d[r] != "reading":
             raise MissingAction(f"read_done({r}): {self.d[r]}")
+        if self.early is not None:
+            self.early.post()
         self.vd.await_read(r, 0)
-        self.d[r] = "notifying"
+        if self.early is not None:  # NIXL's order: the notification follows the data
+            self.early.notify(f"{req_id(r)}:".encode())
+        self.d[r] = "done" if r in self.delivered else "notifying"
 
     def deliver(self, r: int) -> None:
-        """LeaseClock `deliver(r)`: "r:1" delivered; the producer's _get_new_notifs."""
-        if self.d[r] != "notifying":
-            raise MissingAction(f"deliver({r}): {self.d[r]} (NotifFirst is not driven)")
+        """LeaseClock `deliver(r)`: "r:1" delivered; the producer's _get_new_notifs. While
+        the READ is still in progress only under `notif_first` (the seam sends it now)."""
+        early = self.d[r] == "reading" and self.early is not None
+        if self.d[r] != "notifying" and not early:
+            raise MissingAction(f"deliver({r}): {self.d[r]}")
+        if early:
+            assert self.early is not None
+            self.early.notify(f"{req_id(r)}:".encode())
         self.vd.deliver_notif(r, 0)
         self._nw._get_new_notifs()
-        self.d[r] = "done"
+        self.delivered.add(r)
+        if not early:
+            self.d[r] = "done"
 
     def abandon(self, r: int) -> None:
         """LeaseClock `abandon(r)`: D never reads r (nothing to do on the real side)."""
