@@ -33,6 +33,9 @@ CONSTANTS
                   \* that never delays a free nor reports (base request_finished and
                   \* get_finished, v1/example_connector.py); it loads only what it stored
     AsyncScheduling, \* D's async scheduling (two steps in flight)
+    Handshake,    \* D's workers start without a NIXL handshake with the producer engine
+                  \* (a first contact): its requests' READs wait for the background
+                  \* handshake; FALSE: handshaken before any request (the drivers' set-up)
     Bug           \* "none" (0.32 as shipped) or a bug of the history re-introduced
 
 Bugs == {"none", "abort-frees-at-once", "full-hit-registered", "failure-only-logged",
@@ -44,6 +47,7 @@ ASSUME
     /\ Composition \in {"nixl", "multi-nixl-lmcache", "multi-nixl-example"}
     /\ Bug \in Bugs
     /\ AsyncScheduling \in BOOLEAN
+    /\ Handshake \in BOOLEAN
 
 DRanks == 0 .. (DTP - 1)
 PRanks == 0 .. (PTP - 1)
@@ -89,10 +93,14 @@ VARIABLES
     pcnt,      \* notifications producer rank p has counted for r
     pst,       \* producer rank p's blocks of r: held | notified | expired (lease)
     failed,    \* requests a READ of which failed (their producers may need the lease)
-    echo       \* second-child-recv: received requests the second child reports next step
+    echo,      \* second-child-recv: received requests the second child reports next step
+    hsd,       \* worker w's handshake with the producer engine: none | pending | done
+    hsq,       \* worker w's receive entries deferred to the handshake, <<r, awaited>>
+    rdy        \* ... whose handshake completed (_ready_requests): posted at w's next step
 
+hsv == <<hsd, hsq, rdy>>
 vars == <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h, rem,
-          pin, pcnt, pst, failed, echo>>
+          pin, pcnt, pst, failed, echo, hsv>>
 
 Depth == IF AsyncScheduling THEN 2 ELSE 1
 Step == [recv : SUBSET Reqs, aw : SUBSET Reqs, ran : BOOLEAN, out : [DRanks -> SUBSET Reqs],
@@ -113,6 +121,9 @@ TypeOK ==
     /\ pcnt \in [PRanks -> [Reqs -> 0 .. DTP]]
     /\ pst \in [PRanks -> [Reqs -> {"held", "notified", "expired"}]]
     /\ failed \subseteq Reqs /\ echo \subseteq Reqs
+    /\ hsd \in [DRanks -> {"none", "pending", "done"}]
+    /\ hsq \in [DRanks -> SUBSET (Reqs \X BOOLEAN)]
+    /\ rdy \in [DRanks -> SUBSET (Reqs \X BOOLEAN)]
 
 Init ==
     /\ st = [r \in Reqs |-> "new"]
@@ -126,6 +137,8 @@ Init ==
     /\ pcnt = [p \in PRanks |-> [r \in Reqs |-> 0]]
     /\ pst = [p \in PRanks |-> [r \in Reqs |-> "held"]]
     /\ failed = {} /\ echo = {}
+    /\ hsd = [w \in DRanks |-> IF Handshake THEN "none" ELSE "done"]
+    /\ hsq = None /\ rdy = None
 
 Live == ~crashed /\ \E r \in Reqs : st[r] # "gone"
 
@@ -157,7 +170,8 @@ schedule ==
                                       ran |-> FALSE, out |-> None, fail |-> None,
                                       send |-> None])
     /\ cleanup' = {}
-    /\ UNCHANGED <<sendPend, sendDone, crashed, reg, xf, h, rem, pin, pcnt, pst, failed, echo>>
+    /\ UNCHANGED <<sendPend, sendDone, crashed, reg, xf, h, rem, pin, pcnt, pst, failed, echo,
+                   hsv>>
 
 (* Every decode worker's step (kv_connector_model_runner_mixin.py:66-107). *)
 (* start_load_kv (PW:47-123): an awaited entry is registered (73-74) and   *)
@@ -172,22 +186,34 @@ schedule ==
 (* The worker is never told of an abort (connector.py:249-260).            *)
 (* second-child-recv (#51595): a second child reports r again once NIXL    *)
 (* did (MultiConnector unions the children's sets, MC:364).                *)
+(* Before the worker's handshake with the producer engine is done, an     *)
+(* entry is registered but neither seeded nor read: _read_blocks_for_req  *)
+(* defers it to _background_nixl_handshake (PW:145-147, BW:1330-1353) and *)
+(* the first start_load_kv after the handshake posts it (_ready_requests, *)
+(* PW:77-79), READs or notify-only as above; meanwhile r is not in        *)
+(* _recving_transfers, so it is not reported.                             *)
 RankExec(w, m) ==
-    LET aw == m.aw
-        noBlocks == m.recv \ aw
+    LET ready == hsd[w] = "done"
+        entries == {<<r, r \in m.aw>> : r \in m.recv}
+        go == IF ready THEN entries \cup rdy[w] ELSE {}
+        aw == {e[1] : e \in {x \in go : x[2]}}
+        noBlocks == {e[1] : e \in {x \in go : ~x[2]}}
         posted == [r \in Reqs |-> [p \in PRanks |->
                      IF r \in aw /\ p \in Reads(w) THEN "proc" ELSE h[w][r][p]]]
         xf1 == xf[w] \cup aw
         done == {r \in xf1 : \A p \in PRanks : posted[r][p] # "proc"}
         bad == {r \in done : \E p \in PRanks : posted[r][p] = "err"}
         rep == IF Bug = "failure-only-logged" THEN done \ bad ELSE done
-    IN [reg |-> (reg[w] \cup aw) \ done,
+    IN [reg |-> (reg[w] \cup m.aw \cup aw) \ done,
         xf |-> xf1 \ done,
         h |-> [r \in Reqs |-> IF r \in done THEN [p \in PRanks |-> "none"] ELSE posted[r]],
         out |-> rep \cup echo,
         outFail |-> IF Bug = "failure-only-logged" THEN {} ELSE bad,
         notify |-> {<<p, r>> \in PRanks \X noBlocks : p \in Sources(w)}
-                   \cup {<<p, r>> \in PRanks \X aw : p \in NotifyOnly(w)}]
+                   \cup {<<p, r>> \in PRanks \X aw : p \in NotifyOnly(w)},
+        hsd |-> IF ~ready /\ entries # {} THEN "pending" ELSE hsd[w],
+        hsq |-> IF ready THEN hsq[w] ELSE hsq[w] \cup entries,
+        rdy |-> IF ready THEN {} ELSE rdy[w]]
 
 StepToRun == CHOOSE i \in 1 .. Len(steps) :
                 ~steps[i].ran /\ \A j \in 1 .. (i - 1) : steps[j].ran
@@ -208,6 +234,9 @@ execute ==
           /\ pin' = [p \in PRanks |-> [r \in Reqs |->
                        IF dropped(p, r) THEN pin[p][r]
                        ELSE pin[p][r] + sent(p, r)]]
+          /\ hsd' = [w \in DRanks |-> new[w].hsd]
+          /\ hsq' = [w \in DRanks |-> new[w].hsq]
+          /\ rdy' = [w \in DRanks |-> new[w].rdy]
     /\ sendDone' = {} /\ echo' = {}
     /\ UNCHANGED <<st, fRecv, fFail, sendPend, crashed, cleanup, rem, pcnt, pst, failed>>
 
@@ -234,7 +263,8 @@ abort(r) ==
     /\ fRecv' = fRecv \ {r}
     /\ fFail' = fFail \ {r}
     /\ cleanup' = IF st[r] = "new" THEN cleanup \cup {r} ELSE cleanup
-    /\ UNCHANGED <<sendDone, crashed, steps, reg, xf, h, rem, pin, pcnt, pst, failed, echo>>
+    /\ UNCHANGED <<sendDone, crashed, steps, reg, xf, h, rem, pin, pcnt, pst, failed, echo,
+                   hsv>>
 
 (* A running request stops (its output is complete): request_finished.     *)
 complete(r) ==
@@ -243,7 +273,7 @@ complete(r) ==
        IN /\ st' = [st EXCEPT ![r] = f.fate]
           /\ sendPend' = IF f.pend THEN sendPend \cup {r} ELSE sendPend
     /\ UNCHANGED <<fRecv, fFail, sendDone, crashed, steps, cleanup, reg, xf, h, rem, pin,
-                   pcnt, pst, failed, echo>>
+                   pcnt, pst, failed, echo, hsv>>
 
 (* KVOutputAggregator.aggregate (U:63-189): r is received once world_size  *)
 (* reports are in (no per-worker dedup; expected = world_size, NIXL's      *)
@@ -280,7 +310,7 @@ update ==
           /\ sendPend' = (sendPend \cup {r \in errs : Delays}) \ sends
           /\ echo' = IF Bug = "second-child-recv" THEN recv ELSE {}
     /\ steps' = Tail(steps)
-    /\ UNCHANGED <<sendDone, cleanup, reg, xf, h, pin, pcnt, pst, failed>>
+    /\ UNCHANGED <<sendDone, cleanup, reg, xf, h, pin, pcnt, pst, failed, hsv>>
 
 (* A posted READ ends: NIXL delivers its "r:n" to producer rank p with it  *)
 (* (PW:546-553), or the transfer ends in error and nothing is sent.        *)
@@ -290,7 +320,29 @@ xfer_end(w, r, p, ok) ==
     /\ pin' = IF ok THEN [pin EXCEPT ![p][r] = @ + 1] ELSE pin
     /\ failed' = IF ok THEN failed ELSE failed \cup {r}
     /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf,
-                   rem, pcnt, pst, echo>>
+                   rem, pcnt, pst, echo, hsv>>
+
+(* Worker w's handshake with the producer engine starts ahead of any READ: *)
+(* D's heartbeats for a request it tracks call _ensure_handshake           *)
+(* (BW:3179-3200, the proactive handshake that swallows the first          *)
+(* heartbeat).  Not fair: the first deferred entry starts it otherwise.    *)
+handshake_start(w) ==
+    /\ hsd[w] = "none"
+    /\ \E r \in Reqs : st[r] \in {"new", "wfrk"}
+    /\ hsd' = [hsd EXCEPT ![w] = "pending"]
+    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
+                   rem, pin, pcnt, pst, failed, echo, hsq, rdy>>
+
+(* The background handshake completes (its future's callbacks: the agents *)
+(* are registered, BW:1304-1316, and each deferred entry joins             *)
+(* _ready_requests, 1345-1350).  A failed handshake is not modelled.       *)
+handshake_done(w) ==
+    /\ hsd[w] = "pending"
+    /\ hsd' = [hsd EXCEPT ![w] = "done"]
+    /\ rdy' = [rdy EXCEPT ![w] = @ \cup hsq[w]]
+    /\ hsq' = [hsq EXCEPT ![w] = {}]
+    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
+                   rem, pin, pcnt, pst, failed, echo>>
 
 (* Producer rank p's _get_new_notifs (PW:642-693) counts "r:n"; at n it    *)
 (* reports r done sending and its blocks are freed.  A late one is dropped.*)
@@ -303,24 +355,32 @@ deliver(p, r) ==
                                             ELSE "held"]
        ELSE UNCHANGED <<pcnt, pst>>
     /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
-                   rem, failed, echo>>
+                   rem, failed, echo, hsv>>
 
 (* Producer rank p's lease on r expires.  D heartbeats r from add_request  *)
 (* until its receive is aggregated or it finishes (BS:522-525, PS:217), and *)
 (* LeaseClock.tla decides when a READ may outlive a lease; here, as under  *)
 (* LeaseClock's safe ratios: only once D no longer heartbeats r, with no   *)
-(* READ of p in flight, nothing queued for D's workers and no notification *)
-(* on its way.                                                             *)
+(* READ of p in flight or waiting for a handshake, nothing queued for D's  *)
+(* workers (in a step, or waiting for the handshake) and no notification  *)
+(* on its way.  An entry waiting for the handshake is posted at D's next   *)
+(* step, and an idle decode engine takes none: a pull connector has no     *)
+(* keep-alive (has_pending_push_work is False, BS:527-528; S:2823-2838),   *)
+(* so there the lease may pass, and a late notification is dropped.       *)
+\* D's workers run another step: one is in flight, or the engine steps on.
+WorkersStepAgain == Live \/ cleanup # {} \/ \E i \in 1 .. Len(steps) : ~steps[i].ran
+
 lease_expire(p, r) ==
     /\ pst[p][r] = "held"
     /\ ~(st[r] \in {"new", "wfrk"} /\ r \notin fRecv)
     /\ \A i \in 1 .. Len(steps) : steps[i].ran \/ r \notin steps[i].recv
     /\ r \notin cleanup
     /\ \A w \in DRanks : h[w][r][p] # "proc"
+    /\ WorkersStepAgain => \A w \in DRanks, b \in BOOLEAN : <<r, b>> \notin hsq[w] \cup rdy[w]
     /\ pin[p][r] = 0
     /\ pst' = [pst EXCEPT ![p][r] = "expired"]
     /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
-                   rem, pin, pcnt, failed, echo>>
+                   rem, pin, pcnt, failed, echo, hsv>>
 
 (* The LMCache child's delayed request completes on its workers, once.    *)
 child_send_done(r) ==
@@ -329,7 +389,7 @@ child_send_done(r) ==
     /\ sendPend' = sendPend \ {r}
     /\ sendDone' = sendDone \cup {r}
     /\ UNCHANGED <<st, fRecv, fFail, crashed, steps, cleanup, reg, xf, h,
-                   rem, pin, pcnt, pst, failed, echo>>
+                   rem, pin, pcnt, pst, failed, echo, hsv>>
 
 Oks == IF ReadFail THEN BOOLEAN ELSE {TRUE}
 ReadEnd == \E w \in DRanks, r \in Reqs, p \in PRanks, ok \in Oks : xfer_end(w, r, p, ok)
@@ -340,6 +400,7 @@ Next ==
     \/ schedule \/ execute \/ update
     \/ \E r \in Reqs : abort(r) \/ complete(r) \/ child_send_done(r)
     \/ ReadEnd
+    \/ \E w \in DRanks : handshake_start(w) \/ handshake_done(w)
     \/ \E p \in PRanks, r \in Reqs : deliver(p, r) \/ lease_expire(p, r)
     \/ (Done \/ crashed) /\ UNCHANGED vars  \* the end, or a dead EngineCore: no deadlock
 
@@ -350,6 +411,7 @@ Next ==
 Spec == Init /\ [][Next]_vars
         /\ WF_vars(schedule) /\ WF_vars(execute) /\ WF_vars(update)
         /\ WF_vars(ReadEnd)
+        /\ WF_vars(\E w \in DRanks : handshake_done(w))
         /\ WF_vars(\E p \in PRanks, r \in Reqs : deliver(p, r))
         /\ WF_vars(\E p \in PRanks, r \in Reqs : lease_expire(p, r))
         /\ WF_vars(\E r \in Reqs : child_send_done(r))

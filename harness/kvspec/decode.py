@@ -40,6 +40,7 @@ DECODE = Sweep(
         Const("Composition", "composition", "str",
               ("nixl", "multi-nixl-lmcache", "multi-nixl-example")),  # fmt: skip
         Const("AsyncScheduling", "async_scheduling", "bool"),
+        Const("Handshake", "handshake", "bool"),
         Const("Bug", "bug", "str", BUGS),
     ),
     invariants=("DNoFreeUnderRead", "PNoFreeUnderRead", "NoAssertCrash", "ProducerNotified"),

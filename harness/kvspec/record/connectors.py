@@ -107,7 +107,9 @@ def _after_update(sched: Any, rec: Recorder, out: Any, so: Any, mro: Any, *a: An
 
 def _after_add(sched: Any, rec: Recorder, out: Any, request: Any, *a: Any, **k: Any) -> None:
     pool = sched.kv_cache_manager.block_pool
-    rec.emit("add_request", reqs=[request.request_id], free=int(pool.get_num_free_blocks()))
+    params = getattr(request, "kv_transfer_params", None) or {}
+    rec.emit("add_request", reqs=[request.request_id], free=int(pool.get_num_free_blocks()),
+             remote_prefill=bool(params.get("do_remote_prefill")))  # fmt: skip
 
 
 def _after_finish(sched: Any, rec: Recorder, out: Any, ids: Any, status: Any, *a: Any,
