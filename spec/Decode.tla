@@ -33,6 +33,8 @@ CONSTANTS
                   \* that never delays a free nor reports (base request_finished and
                   \* get_finished, v1/example_connector.py); it loads only what it stored
     AsyncScheduling, \* D's async scheduling (two steps in flight)
+    InStepEnd,    \* a READ may end before the poll of the step that posted it (it did in
+                  \* a recorded real run); FALSE: the decode driver's held READs
     Handshake,    \* D's workers start without a NIXL handshake with the producer engine
                   \* (a first contact): its requests' READs wait for the background
                   \* handshake; FALSE: handshaken before any request (the drivers' set-up)
@@ -47,7 +49,7 @@ ASSUME
     /\ Composition \in {"nixl", "multi-nixl-lmcache", "multi-nixl-example"}
     /\ Bug \in Bugs
     /\ AsyncScheduling \in BOOLEAN
-    /\ Handshake \in BOOLEAN
+    /\ Handshake \in BOOLEAN /\ InStepEnd \in BOOLEAN
 
 DRanks == 0 .. (DTP - 1)
 PRanks == 0 .. (PTP - 1)
@@ -140,7 +142,13 @@ Init ==
     /\ hsd = [w \in DRanks |-> IF Handshake THEN "none" ELSE "done"]
     /\ hsq = None /\ rdy = None
 
-Live == ~crashed /\ \E r \in Reqs : st[r] # "gone"
+\* Hooks DecodeTrace.tla overrides (its cfg: Arrived <- TraceArrived, Busy <- TraceBusy).
+\* Arrived: r has reached D's scheduler (add_request); here every request has.  Busy: D's
+\* engine has other requests that keep it stepping; here it has none.
+Arrived(r) == TRUE
+Busy == FALSE
+
+Live == ~crashed /\ (Busy \/ \E r \in Reqs : st[r] # "gone")
 
 (* Scheduler.schedule.  A request in finished_recving_kv_req_ids leaves    *)
 (* WFRK (_handle_blocked_waiting_request, S:3175-3189; a failed load under *)
@@ -157,8 +165,8 @@ Live == ~crashed /\ \E r \in Reqs : st[r] # "gone"
 schedule ==
     /\ Live \/ (~crashed /\ cleanup # {})
     /\ Len(steps) < Depth
-    /\ \E full \in SUBSET {r \in Reqs : FullHit /\ st[r] = "new"} :
-        LET news == {r \in Reqs : st[r] = "new"}
+    /\ \E full \in SUBSET {r \in Reqs : FullHit /\ st[r] = "new" /\ Arrived(r)} :
+        LET news == {r \in Reqs : st[r] = "new" /\ Arrived(r)}
             parks == IF Bug = "full-hit-registered" THEN news ELSE news \ full
         IN /\ st' = [r \in Reqs |->
                        IF r \in fRecv /\ st[r] = "wfrk" THEN "running"
@@ -191,15 +199,28 @@ schedule ==
 (* defers it to _background_nixl_handshake (PW:145-147, BW:1330-1353) and *)
 (* the first start_load_kv after the handshake posts it (_ready_requests, *)
 (* PW:77-79), READs or notify-only as above; meanwhile r is not in        *)
-(* _recving_transfers, so it is not reported.                             *)
-RankExec(w, m) ==
+(* _recving_transfers, so it is not reported.  A READ may complete during  *)
+(* the step that posted it (InStepEnd): the poll at the step's end then    *)
+(* sees it ended (BW:3083-3107 polls every handle), as xfer_end would.    *)
+\* The entries worker w posts in step m (deferred ones once its handshake is done).
+Go(w, m) == IF hsd[w] = "done" THEN {<<r, r \in m.aw>> : r \in m.recv} \cup rdy[w] ELSE {}
+
+\* The READs worker w posts in step m, <<w, r, p>>.
+Fresh(w, m) == {<<w, e[1], p>> : e \in {x \in Go(w, m) : x[2]}, p \in Reads(w)}
+
+\* What a fresh READ is at the step's poll: in progress, or (InStepEnd) already ended.
+Ends == IF ~InStepEnd THEN {"proc"} ELSE IF ReadFail THEN {"proc", "done", "err"}
+        ELSE {"proc", "done"}
+
+(* end[<<w, r, p>>]: the state at the poll of each READ posted this step.  *)
+RankExec(w, m, end) ==
     LET ready == hsd[w] = "done"
         entries == {<<r, r \in m.aw>> : r \in m.recv}
-        go == IF ready THEN entries \cup rdy[w] ELSE {}
+        go == Go(w, m)
         aw == {e[1] : e \in {x \in go : x[2]}}
         noBlocks == {e[1] : e \in {x \in go : ~x[2]}}
         posted == [r \in Reqs |-> [p \in PRanks |->
-                     IF r \in aw /\ p \in Reads(w) THEN "proc" ELSE h[w][r][p]]]
+                     IF r \in aw /\ p \in Reads(w) THEN end[<<w, r, p>>] ELSE h[w][r][p]]]
         xf1 == xf[w] \cup aw
         done == {r \in xf1 : \A p \in PRanks : posted[r][p] # "proc"}
         bad == {r \in done : \E p \in PRanks : posted[r][p] = "err"}
@@ -221,7 +242,11 @@ StepToRun == CHOOSE i \in 1 .. Len(steps) :
 execute ==
     /\ ~crashed /\ \E i \in 1 .. Len(steps) : ~steps[i].ran
     /\ LET i == StepToRun
-           new == [w \in DRanks |-> RankExec(w, steps[i])]
+           fresh == UNION {Fresh(w, steps[i]) : w \in DRanks}
+       IN \E end \in [fresh -> Ends] :
+       LET new == [w \in DRanks |-> RankExec(w, steps[i], end)]
+           ended(p, r) == Cardinality({w \in DRanks : <<w, r, p>> \in fresh
+                                                     /\ end[<<w, r, p>>] = "done"})
            sent(p, r) == Cardinality({w \in DRanks : <<p, r>> \in new[w].notify})
            dropped(p, r) == Bug = "notify-local-id" /\ \E w \in DRanks : p \in NotifyOnly(w)
        IN /\ reg' = [w \in DRanks |-> new[w].reg]
@@ -232,13 +257,14 @@ execute ==
                                     ![i].fail = [w \in DRanks |-> new[w].outFail],
                                     ![i].send = [w \in DRanks |-> sendDone]]
           /\ pin' = [p \in PRanks |-> [r \in Reqs |->
-                       IF dropped(p, r) THEN pin[p][r]
-                       ELSE pin[p][r] + sent(p, r)]]
+                       ended(p, r) + IF dropped(p, r) THEN pin[p][r]
+                                     ELSE pin[p][r] + sent(p, r)]]
+          /\ failed' = failed \cup {x[2] : x \in {y \in fresh : end[y] = "err"}}
           /\ hsd' = [w \in DRanks |-> new[w].hsd]
           /\ hsq' = [w \in DRanks |-> new[w].hsq]
           /\ rdy' = [w \in DRanks |-> new[w].rdy]
     /\ sendDone' = {} /\ echo' = {}
-    /\ UNCHANGED <<st, fRecv, fFail, sendPend, crashed, cleanup, rem, pcnt, pst, failed>>
+    /\ UNCHANGED <<st, fRecv, fFail, sendPend, crashed, cleanup, rem, pcnt, pst>>
 
 (* Scheduler.finish_requests (S:2649-2712) of an active request, then      *)
 (* _free_request -> request_finished: a WFRK request keeps its blocks      *)

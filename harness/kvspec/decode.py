@@ -41,6 +41,7 @@ DECODE = Sweep(
               ("nixl", "multi-nixl-lmcache", "multi-nixl-example")),  # fmt: skip
         Const("AsyncScheduling", "async_scheduling", "bool"),
         Const("Handshake", "handshake", "bool"),
+        Const("InStepEnd", "in_step_end", "bool"),
         Const("Bug", "bug", "str", BUGS),
     ),
     invariants=("DNoFreeUnderRead", "PNoFreeUnderRead", "NoAssertCrash", "ProducerNotified"),

@@ -222,6 +222,14 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
     res.checks.append(Check("admitted by " + ", ".join(sc.admits),
                             set(sc.admits) <= set(v.admitted),
                             "admitted: " + (", ".join(v.admitted) or "none")))  # fmt: skip
+    if sc.consumer and sc.admits:
+        # The decode engine against Decode.tla's 0.32 design (spec/DecodeTrace.tla).
+        from kvspec.validate_decode import validate_decode
+
+        dv = validate_decode(events, out / "validate", bugs=("none",))
+        said = "; ".join(f"{d.variant}: {d.verdict}" for d in dv.designs)
+        res.checks.append(Check("decode side admitted by 0.32's design", dv.admitted == ["none"],
+                                f"{len(dv.mapped.log)} decode events; {said}"))  # fmt: skip
     res.verdict = "pass" if all(c.ok for c in res.checks) else "fail"
     return res
 

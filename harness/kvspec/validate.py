@@ -178,25 +178,56 @@ def print_validation(v: Validation) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace_dir", type=Path, help="a kvspec record directory (*.ndjson)")
     p.add_argument("--variant", action="append", choices=VARIANTS,
-                   help="only these designs (default: all)")  # fmt: skip
+                   help="only these producer designs (default: all)")  # fmt: skip
+    p.add_argument("--side", choices=("producer", "decode", "both"), default="both",
+                   help="KVCompletion (producer), Decode.tla (the decode engine), or both "
+                        "(the decode side where the recording has a decode engine)")  # fmt: skip
+    p.add_argument("--engine", help="the decode engine, where the recording has several")
     p.add_argument("--json", type=Path, help="write the verdicts as JSON here")
     p.add_argument("--work", type=Path, default=Path("build/validate"))
 
 
-def run(args: argparse.Namespace) -> int:
+def _decode_side(events: list[Event], args: argparse.Namespace) -> dict[str, object] | None:
+    """The decode side's verdicts as JSON (None: not validated, said on the terminal)."""
+    from kvspec.validate_decode import event_line, print_decode, validate_decode
+
     try:
-        v = validate(args.trace_dir, args.work, tuple(args.variant or VARIANTS))
+        dv = validate_decode(events, args.work, engine=args.engine)
+    except MappingError as exc:
+        if args.side == "decode":
+            raise
+        print(f"decode side: not validated: {exc}")
+        return None
+    print_decode(dv)
+    return {"engine": dv.mapped.consumer, "events": len(dv.mapped.log),
+            "log": [event_line(e) for e in dv.mapped.log],
+            "designs": [d.to_json() for d in dv.designs], "admitted": dv.admitted}  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    doc: dict[str, object] = {}
+    ok: list[bool] = []
+    try:
+        events = read_dir(args.trace_dir)
+        if args.side in ("producer", "both"):
+            v = validate_events(events, args.work, tuple(args.variant or VARIANTS))
+            print_validation(v)
+            doc |= {"producer": v.mapped.producer, "events": len(v.mapped.log),
+                    "log": [_event_line(e) for e in v.mapped.log],
+                    "designs": [d.to_json() for d in v.designs],
+                    "admitted": v.admitted}  # fmt: skip
+            if any(d.verdict == "inconclusive" for d in v.designs) and not v.admitted:
+                return 2
+            ok.append(bool(v.admitted))
+        if args.side in ("decode", "both"):
+            dec = _decode_side(events, args)
+            if dec is not None:
+                doc["decode"] = dec
+                ok.append(bool(dec["admitted"]))
     except (RecordError, MappingError) as exc:
         print(f"kvspec validate: {exc}", file=sys.stderr)
         return 2
-    print_validation(v)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "producer": v.mapped.producer, "events": len(v.mapped.log),
-            "log": [_event_line(e) for e in v.mapped.log],
-            "designs": [d.to_json() for d in v.designs], "admitted": v.admitted,
-        }, indent=2))  # fmt: skip
-    if any(d.verdict == "inconclusive" for d in v.designs) and not v.admitted:
-        return 2
-    return 0 if v.admitted else 1
+        args.json.write_text(json.dumps(doc, indent=2))
+    return 0 if ok and all(ok) else 1

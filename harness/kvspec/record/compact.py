@@ -11,8 +11,9 @@ from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 
+from kvspec.record.decode_mapping import map_decode
 from kvspec.record.log import Event
-from kvspec.record.mapping import map_recording
+from kvspec.record.mapping import MappingError, map_recording
 
 _EMPTY_KEYS = ("new", "finished_sending", "finished_recving", "failed_recving")
 
@@ -21,23 +22,38 @@ def _empty(e: Event) -> bool:
     return not any(e.result.get(k) for k in _EMPTY_KEYS)
 
 
+_STEP_CALLS = ("schedule", "update_from_output", "get_transfer_results")
+
+
+def _decode_drop(events: list[Event]) -> tuple[str | None, set[int]]:
+    """The decode engine's idle steps (kvspec.record.decode_mapping), or (None, set()) for
+    a recording the decode side cannot map (no decode engine, recorded before
+    `remote_prefill`): its consumers keep only their non-empty step events."""
+    try:
+        dm = map_decode(events)
+    except MappingError:
+        return None, set()
+    return dm.consumer, dm.dropped_steps
+
+
 def compact(events: list[Event]) -> list[Event]:
-    """Drop the producer's idle steps (the k-th schedule, update_from_output and each
-    rank's get_transfer_results are step k, as kvspec.record.mapping counts them) and the
-    consumers' empty step events (their own steps are not mapped: only their reads and
-    reports are)."""
+    """Drop each engine's idle steps: the k-th schedule, update_from_output and each
+    rank's get_transfer_results are step k, as kvspec.record.mapping (producer) and
+    kvspec.record.decode_mapping (decode engine) count them. Another consumer keeps only
+    its non-empty step events (its own steps are not mapped: its reads and reports are)."""
     m = map_recording(events)
-    drop = m.dropped_steps
+    d_engine, d_drop = _decode_drop(events)
+    drops = {m.producer: m.dropped_steps} | ({d_engine: d_drop} if d_engine else {})
     count: dict[tuple[str, int, int], int] = defaultdict(int)
     kept = []
     for e in sorted(events, key=lambda e: (e.pid, e.seq)):
-        if e.engine == m.producer:
+        if e.engine in drops:
             key = (e.call, e.rank, e.pid)
-            if e.call in ("schedule", "update_from_output", "get_transfer_results"):
+            if e.call in _STEP_CALLS:
                 count[key] += 1
-                if count[key] in drop:
+                if count[key] in drops[e.engine]:
                     continue
-        elif e.call in ("schedule", "update_from_output", "get_transfer_results") and _empty(e):
+        elif e.call in _STEP_CALLS and _empty(e):
             continue
         kept.append(e)
     return sorted(kept, key=lambda e: (e.t_ns, e.pid, e.seq))

@@ -22,7 +22,8 @@ Schema version 1; one JSON object per line:
 | `result` | object          | the call's outcome (per call, below)                        |
 
 Calls: scheduler side `add_request` (`result.remote_prefill`: the request asks for its KV
-from a producer, `do_remote_prefill`; `result.free`), `schedule` (`result.new`: newly scheduled ids),
+from a producer, `do_remote_prefill`; `result.free`), `schedule` (`result.new`: newly
+scheduled ids),
 `update_from_output` (`result.finished_sending`, `finished_recving`, `failed_recving`:
 the aggregated connector output, empty when the step had none), `finish_requests`
 (`result.status`), `request_finished` (`result.delay`, `result.status`), `free_blocks`

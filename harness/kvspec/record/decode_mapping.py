@@ -1,0 +1,198 @@
+"""A recording's decode engine as spec/DecodeTrace.tla's Log: which engine read, which of
+its requests are P/D ones (spec requests r = 1, 2, ... in add_request order), and one spec
+event per observable step of it. Pure: no vLLM, no TLC.
+
+D's steps are numbered by its recording scheduler (`schedule`); a worker's k-th
+`get_transfer_results` ran step k (every worker gets every step), and the READs it posted
+since its previous one were posted by that step's `start_load_kv`. A step's execute event
+sits at its last rank's report, before the scheduler's update_from_output of the step.
+Requests without `do_remote_prefill` (a local run on the same engine) are not spec
+requests: their steps still count, their ids are left out.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvspec.record.log import Event
+from kvspec.record.mapping import MappingError
+
+STOPPED = ("FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED")
+KEEP_IDLE = 2  # as the producer's mapping: a pipeline of depth 2 is flushed after two
+
+
+@dataclass(frozen=True)
+class DecodeEvent:
+    """One DecodeTrace Log record and the recorded event it came from."""
+
+    a: str
+    r: int = 0
+    batch: frozenset[int] = frozenset()
+    out: tuple[frozenset[int], ...] = ()
+    fail: tuple[frozenset[int], ...] = ()
+    reads: tuple[frozenset[tuple[int, int]], ...] = ()
+    recv: frozenset[int] = frozenset()
+    source: Event | None = field(default=None, compare=False)
+
+    def describe(self) -> str:
+        if self.a in ("arrive", "abort", "complete"):
+            return f"{self.a} r={self.r}"
+        if self.a == "schedule":
+            return f"schedule runs={sorted(self.batch)}"
+        if self.a == "execute":
+            reads = [sorted(x) for x in self.reads]
+            return (f"execute reads={reads} finished_recving={[sorted(o) for o in self.out]}"
+                    f" failed_recving={[sorted(f) for f in self.fail]}")  # fmt: skip
+        return f"update finished_recving={sorted(self.recv)}"
+
+    @property
+    def idle(self) -> bool:
+        return (self.a == "schedule" and not self.batch) or (
+            self.a == "execute" and not any(self.out) and not any(self.fail)
+            and not any(self.reads)
+        ) or (self.a == "update" and not self.recv)  # fmt: skip
+
+
+@dataclass
+class DecodeMapped:
+    consumer: str
+    world: int  # D's workers (TP)
+    producer_world: int  # the producer ranks D reads from (P TP)
+    requests: dict[str, int]  # D request id -> spec r
+    start: dict[str, Any]  # D's scheduler "start" event result
+    log: list[DecodeEvent]
+    dropped_steps: set[int] = field(default_factory=set)
+
+
+def _consumer(events: list[Event], engine: str | None) -> str:
+    readers = sorted({e.engine for e in events if e.call == "read"})
+    with_sched = [x for x in readers if any(e.engine == x and e.role == "scheduler"
+                                            for e in events)]  # fmt: skip
+    if engine is not None:
+        if engine not in with_sched:
+            found = ", ".join(with_sched) or "none"
+            raise MappingError(f"engine {engine} posted no READ or has no scheduler "
+                               f"recording; decode engines here: {found}")  # fmt: skip
+        return engine
+    if len(with_sched) != 1:
+        raise MappingError(f"found {len(with_sched)} decode engines with a scheduler recording "
+                           f"({', '.join(with_sched) or 'none'}): pass --engine NAME")  # fmt: skip
+    return with_sched[0]
+
+
+def _producer_world(events: list[Event], d: str) -> int:
+    reads = [e for e in events if e.engine == d and e.call == "read"]
+    p_engines = {str(e.result.get("remote_engine", "")) for e in reads}
+    if len(p_engines) != 1:
+        raise MappingError(f"decode engine {d} read from {len(p_engines)} producer engines "
+                           f"({', '.join(sorted(p_engines))}); Decode.tla has one")  # fmt: skip
+    p = p_engines.pop()
+    start = next((e.result for e in events if e.engine == p and e.call == "start"), None)
+    if start is not None:
+        return int(start.get("tp", 1))
+    return 1 + max(int(e.result.get("remote_rank", 0)) for e in reads)
+
+
+def _requests(sched: list[Event], d: str) -> dict[str, int]:
+    adds = [e for e in sched if e.call == "add_request"]
+    if adds and all("remote_prefill" not in e.result for e in adds):
+        raise MappingError(f"{d}'s add_request events do not say which requests are P/D ones "
+                           "(remote_prefill): record again with this kvspec")  # fmt: skip
+    reqs: dict[str, int] = {}
+    for e in adds:
+        if e.result.get("remote_prefill"):
+            reqs.setdefault(e.reqs[0], len(reqs) + 1)
+    return reqs
+
+
+def map_decode(events: list[Event], engine: str | None = None) -> DecodeMapped:
+    d = _consumer(events, engine)
+    sched = [e for e in events if e.engine == d and e.role == "scheduler"]
+    start = next((e.result for e in sched if e.call == "start"), {})
+    if int(start.get("pp", 1)) != 1 or int(start.get("pcp", 1)) != 1:
+        raise MappingError(f"decode engine {d} runs PP or PCP > 1; Decode.tla models TP only")
+    world = max(e.world for e in events if e.engine == d)
+    reqs = _requests(sched, d)
+
+    def rs(ids: Any) -> frozenset[int]:
+        return frozenset(reqs[str(x)] for x in ids if str(x) in reqs)
+
+    # (rank, step) -> that rank's report; the READs it posted in that step
+    report: dict[tuple[int, int], Event] = {}
+    reads: dict[tuple[int, int], set[tuple[int, int]]] = defaultdict(set)
+    count: dict[int, int] = defaultdict(int)
+    for e in sorted((e for e in events if e.engine == d and e.role == "worker"),
+                    key=lambda e: (e.rank, e.pid, e.seq)):  # fmt: skip
+        if e.call == "read" and e.reqs and e.reqs[0] in reqs:
+            reads[(e.rank, count[e.rank] + 1)].add((reqs[e.reqs[0]],
+                                                    int(e.result.get("remote_rank", 0))))
+        elif e.call == "get_transfer_results":
+            count[e.rank] += 1
+            report[(e.rank, count[e.rank])] = e
+    exec_at: dict[tuple[int, int], DecodeEvent] = {}
+    k = 1
+    while all((w, k) in report for w in range(world)):
+        last = max((report[(w, k)] for w in range(world)), key=lambda e: (e.t_ns, e.pid, e.seq))
+        exec_at[(last.pid, last.seq)] = DecodeEvent(
+            "execute",
+            out=tuple(rs(report[(w, k)].ids("finished_recving")) for w in range(world)),
+            fail=tuple(rs(report[(w, k)].ids("failed_recving")) for w in range(world)),
+            reads=tuple(frozenset(reads[(w, k)]) for w in range(world)), source=last,
+        )  # fmt: skip
+        k += 1
+
+    log: list[DecodeEvent] = []
+    arrived: set[int] = set()
+    for e in events:
+        if (e.pid, e.seq) in exec_at:
+            log.append(exec_at[(e.pid, e.seq)])
+        if e.engine != d or e.role != "scheduler":
+            continue
+        if e.call == "add_request" and e.reqs and e.reqs[0] in reqs:
+            arrived.add(reqs[e.reqs[0]])
+            log.append(DecodeEvent("arrive", r=reqs[e.reqs[0]], source=e))
+        elif e.call == "schedule":
+            log.append(DecodeEvent("schedule", batch=rs(e.ids("new")), source=e))
+        elif e.call == "update_from_output":
+            log.append(DecodeEvent("update", recv=rs(e.ids("finished_recving")), source=e))
+        elif e.call == "request_finished" and e.result.get("status") in STOPPED:
+            log += [DecodeEvent("complete", r=reqs[x], source=e) for x in e.reqs if x in reqs]
+        elif e.call == "finish_requests" and e.result.get("status") == "FINISHED_ABORTED":
+            log += [DecodeEvent("abort", r=reqs[x], source=e) for x in e.reqs
+                    if x in reqs and reqs[x] in arrived]  # fmt: skip
+    kept, dropped = _drop_idle(log)
+    return DecodeMapped(d, world, _producer_world(events, d), reqs, dict(start), kept, dropped)
+
+
+def _drop_idle(log: list[DecodeEvent]) -> tuple[list[DecodeEvent], set[int]]:
+    """Without the idle steps past KEEP_IDLE in a row (a step whose schedule, execute and
+    update are idle, with no other event since the previous step): D's engine steps for
+    every decoded token and idles hundreds of steps while a READ runs."""
+    kinds = ("schedule", "execute", "update")
+    at: dict[str, list[int]] = {k: [] for k in kinds}
+    for n, e in enumerate(log):
+        if e.a in kinds:
+            at[e.a].append(n)
+    drop: set[int] = set()
+    run, prev_end = 0, -1
+    for s in range(min(len(v) for v in at.values())):
+        idx = [at[k][s] for k in kinds]
+        other = any(log[n].a not in kinds for n in range(prev_end + 1, min(idx)))
+        prev_end = max(idx)
+        if not all(log[n].idle for n in idx):
+            run = 0
+            continue
+        run = 1 if other else run + 1
+        if run > KEEP_IDLE:
+            drop.add(s + 1)
+    count = {k: 0 for k in kinds}
+    kept = []
+    for e in log:
+        if e.a in kinds:
+            count[e.a] += 1
+            if count[e.a] in drop:
+                continue
+        kept.append(e)
+    return kept, drop

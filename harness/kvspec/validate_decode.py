@@ -1,0 +1,159 @@
+"""The decode side of `kvspec validate`: is the recorded decode engine's run a behaviour of
+Decode.tla, and of which decode-side designs (0.32 as shipped, or a bug of the history)?
+The recording is mapped to DecodeTrace.tla's Log (kvspec.record.decode_mapping) and TLC
+explores DecodeTrace's TraceSpec once per design, as kvspec.validate does for the producer.
+A TLC run that times out or fails is "inconclusive" for that design, never a verdict.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvspec.decode import BUGS, DECODE
+from kvspec.record.decode_mapping import DecodeEvent, DecodeMapped, map_decode
+from kvspec.record.log import Event
+from kvspec.record.mapping import MappingError
+from kvspec.statgraph import parse_dot
+from kvspec.tlc import run_tlc
+from kvspec.validate import DesignVerdict
+
+TRACE_SPEC = DECODE.spec.parent / "DecodeTrace.tla"
+SHOWN_DECODE = ("st", "fRecv", "steps", "reg", "xf", "h", "rem", "hsd", "hsq", "rdy")
+CHILDREN = {(): "nixl", ("ExampleConnector",): "multi-nixl-example",
+            ("LMCacheMPConnector",): "multi-nixl-lmcache"}  # fmt: skip
+
+
+def composition(start: dict[str, object]) -> str:
+    conn = str(start.get("connector", "NixlConnector"))
+    kids = tuple(str(c) for c in start.get("children", []) or [])  # type: ignore[attr-defined]
+    if conn == "NixlConnector":
+        return "nixl"
+    if conn == "MultiConnector" and kids[:1] == ("NixlConnector",) and kids[1:] in CHILDREN:
+        return CHILDREN[kids[1:]]
+    raise MappingError(f"decode connector {conn}{list(kids) or ''} has no Decode.tla "
+                       "composition: NixlConnector, or MultiConnector(NixlConnector, "
+                       "ExampleConnector | LMCacheMPConnector)")  # fmt: skip
+
+
+def constants(m: DecodeMapped, bug: str) -> dict[str, str]:
+    """Decode.tla's constants for the recorded engine. A recording may hold any request
+    shape: full hits, failed READs and aborts are allowed, the log decides; D's first
+    contact with P is allowed (the handshake may also finish before any READ)."""
+    if m.world not in (1, 2) or m.producer_world not in (1, 2):
+        raise MappingError(f"D TP {m.world}, P TP {m.producer_world}: Decode.tla has 1 or 2")
+    policy = str(m.start.get("kv_load_failure_policy", "fail"))
+    reqs = ", ".join(str(r) for r in range(1, max(1, len(m.requests)) + 1))
+    return {
+        "Reqs": "{" + reqs + "}", "DTP": str(m.world), "PTP": str(m.producer_world),
+        "MLA": "FALSE", "Policy": f'"{policy}"', "ReadFail": "TRUE", "FullHit": "TRUE",
+        "Abort": "TRUE", "Composition": f'"{composition(m.start)}"',
+        "AsyncScheduling": "TRUE" if m.start.get("async_scheduling") else "FALSE",
+        "Handshake": "TRUE", "InStepEnd": "TRUE", "Bug": f'"{bug}"',
+    }  # fmt: skip
+
+
+def _one(x: int | tuple[int, int]) -> str:
+    return f"<<{x[0]}, {x[1]}>>" if isinstance(x, tuple) else str(x)
+
+
+def _set(xs: Iterable[Any]) -> str:
+    return "{" + ", ".join(_one(x) for x in sorted(xs)) + "}"
+
+
+def _seq(xs: tuple[frozenset[Any], ...], world: int) -> str:
+    return "<<" + ", ".join(_set(x) for x in (xs or (frozenset(),) * world)) + ">>"
+
+
+def _record(e: DecodeEvent, world: int) -> str:
+    return (f'[a |-> "{e.a}", r |-> {e.r}, batch |-> {_set(e.batch)}, '
+            f"out |-> {_seq(e.out, world)}, fail |-> {_seq(e.fail, world)}, "
+            f"reads |-> {_seq(e.reads, world)}, recv |-> {_set(e.recv)}]")  # fmt: skip
+
+
+def trace_module(m: DecodeMapped) -> str:
+    body = ",\n    ".join(_record(e, m.world) for e in m.log)
+    return ("---- MODULE DecodeTraceRun ----\nEXTENDS DecodeTrace\n"
+            f"TheLog == <<\n    {body}\n>>\n====\n")  # fmt: skip
+
+
+def trace_cfg(consts: dict[str, str]) -> str:
+    lines = ["CONSTANTS"] + [f"  {k} = {v}" for k, v in consts.items()]
+    lines += ["  Log <- TheLog", "  Arrived <- TraceArrived", "  Busy <- TraceBusy",
+              "INIT TraceInit", "NEXT TraceNext", "INVARIANT TraceUnfinished"]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def check_bug(m: DecodeMapped, bug: str, work: Path, timeout_s: float = 300,
+              extra: dict[str, str] | None = None) -> DesignVerdict:
+    """TLC on DecodeTrace for design `bug`; `extra` overrides constants (a model variant,
+    e.g. InStepEnd = FALSE: Decode.tla before a recorded real run showed in-step ends)."""
+    d = work / bug
+    d.mkdir(parents=True, exist_ok=True)
+    for f in (DECODE.spec, TRACE_SPEC):
+        shutil.copy(f, d / f.name)
+    (d / "DecodeTraceRun.tla").write_text(trace_module(m))
+    cfg = d / "DecodeTraceRun.cfg"
+    cfg.write_text(trace_cfg(constants(m, bug) | (extra or {})))
+    dot = d / "states.dot"
+    res = run_tlc(d / "DecodeTraceRun.tla", cfg, deadlock=False, dump_dot=dot, log_dir=d,
+                  timeout_s=timeout_s)  # fmt: skip
+    if res.verdict == "timeout":  # a loaded machine: once more, twice as long
+        res = run_tlc(d / "DecodeTraceRun.tla", cfg, deadlock=False, dump_dot=dot, log_dir=d,
+                      timeout_s=2 * timeout_s)  # fmt: skip
+    if res.verdict == "violated" and res.violated_property == "TraceUnfinished":
+        return DesignVerdict(bug, "admitted", len(m.log))
+    if res.verdict != "holds":
+        return DesignVerdict(bug, "inconclusive",
+                             detail=f"TLC {res.verdict}: {res.error or res.violated_property}; "
+                                    f"log {res.log_path}")  # fmt: skip
+    graph = parse_dot(dot.read_text())
+    reached = max(int(str(s["logIdx"])) for s in graph.states.values())
+    at = [s for s in graph.states.values() if s["logIdx"] == reached]
+    return DesignVerdict(bug, "rejected", reached, at[:3])
+
+
+@dataclass
+class DecodeValidation:
+    mapped: DecodeMapped
+    designs: list[DesignVerdict]
+
+    @property
+    def admitted(self) -> list[str]:
+        return [d.variant for d in self.designs if d.verdict == "admitted"]
+
+
+def validate_decode(events: list[Event], work: Path, bugs: tuple[str, ...] = BUGS,
+                    engine: str | None = None) -> DecodeValidation:  # fmt: skip
+    m = map_decode(events, engine)
+    return DecodeValidation(m, [check_bug(m, b, work / "decode") for b in bugs])
+
+
+def event_line(e: DecodeEvent) -> str:
+    src = e.source
+    where = f"{src.engine} {src.role} {src.rank} #{src.seq} {src.call}" if src else "?"
+    return f"{e.describe()}   <- {where}"
+
+
+def print_decode(v: DecodeValidation) -> None:
+    from kvspec.tlcvalue import to_tla
+
+    m = v.mapped
+    print(f"decode engine {m.consumer} (D TP {m.world}, P TP {m.producer_world}); "
+          f"{len(m.requests)} P/D requests, {len(m.log)} spec events")  # fmt: skip
+    for d in v.designs:
+        name = "0.32 as shipped" if d.variant == "none" else f"bug {d.variant}"
+        if d.verdict == "admitted":
+            print(f"  {name:32} admitted: all {d.explained} events explained")
+        elif d.verdict == "inconclusive":
+            print(f"  {name:32} inconclusive: {d.detail}")
+        else:
+            print(f"  {name:32} rejected at event {d.explained + 1}/{len(m.log)}: "
+                  f"{event_line(m.log[d.explained])}")  # fmt: skip
+            for s in d.states[:1]:
+                for k in SHOWN_DECODE:
+                    if k in s:
+                        print(f"      {k:6} = {to_tla(s[k])}")

@@ -1,0 +1,99 @@
+"""Trace validation of the decode side (kvspec validate --side decode, spec/DecodeTrace.tla):
+the recorded real runs under conformance/recorded/ (vLLM 0.32 engines, kvspec scenario)
+are behaviours of Decode.tla's 0.32 design; doctored ones are rejected at the doctored
+event; Decode.tla without in-step READ ends rejects the run that showed one."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from kvspec.cli import main
+from kvspec.record.decode_mapping import map_decode
+from kvspec.record.log import Event, read_dir
+from kvspec.record.mapping import MappingError
+from kvspec.validate_decode import check_bug
+
+REPO = Path(__file__).resolve().parents[2]
+RECORDED = REPO / "conformance" / "recorded"
+RUNS = ("pd-basic", "pd-sync", "pd-abort", "pd-tp2")
+
+
+def _events(name: str) -> list[Event]:
+    return read_dir(RECORDED / name)
+
+
+def _verdict(events: list[Event], tmp: Path, bug: str = "none",
+             extra: dict[str, str] | None = None) -> tuple[str, int]:  # fmt: skip
+    v = check_bug(map_decode(events), bug, tmp, extra=extra)
+    return v.verdict, v.explained
+
+
+def _at(events: list[Event], pred: object) -> int:
+    return next(n for n, e in enumerate(map_decode(events).log) if pred(e))  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_the_recorded_decode_engines_are_0_32s_design(name: str, tmp_path: Path) -> None:
+    meta = json.loads((RECORDED / name / "expect.json").read_text())
+    assert meta["decode_admitted_by"] == "none"
+    events = _events(name)
+    assert _verdict(events, tmp_path) == ("admitted", len(map_decode(events).log))
+
+
+def test_a_read_ending_in_the_step_that_posted_it_needs_in_step_end(tmp_path: Path) -> None:
+    # pd-sync: both READs were posted and reported in one worker step; the model before
+    # InStepEnd (every READ still in progress at its step's poll) cannot explain that.
+    events = _events("pd-sync")
+    first = _at(events, lambda e: e.a == "execute" and any(e.reads) and any(e.out))
+    got = _verdict(events, tmp_path, extra={"InStepEnd": "FALSE"})
+    assert got == ("rejected", first)
+
+
+def _doctor(events: list[Event], pred: object, **result: object) -> list[Event]:
+    hit = next(e for e in events if pred(e))  # type: ignore[operator]
+    return [dataclasses.replace(e, result={**e.result, **result}) if e is hit else e
+            for e in events]  # fmt: skip
+
+
+def test_a_dropped_worker_report_is_rejected_at_the_update(tmp_path: Path) -> None:
+    events = _events("pd-basic")
+    doc = _doctor(events, lambda e: e.engine == "D" and e.role == "worker"
+                  and e.call == "get_transfer_results" and e.result.get("finished_recving"),
+                  finished_recving=[])  # fmt: skip
+    # the aggregated finished_recving has no worker report behind it
+    at = _at(doc, lambda e: e.a == "update" and e.recv)
+    assert _verdict(doc, tmp_path) == ("rejected", at)
+
+
+def test_a_read_of_the_wrong_producer_rank_is_rejected_at_its_step(tmp_path: Path) -> None:
+    # pd-tp2: D TP 1 reads each request from P ranks 0 and 1; one READ doctored to rank 0
+    events = _events("pd-tp2")
+    doc = _doctor(events, lambda e: e.engine == "D" and e.call == "read"
+                  and e.result.get("remote_rank") == 1, remote_rank=0)  # fmt: skip
+    at = _at(doc, lambda e: e.a == "execute" and any(e.reads))
+    assert _verdict(doc, tmp_path) == ("rejected", at)
+
+
+def test_a_design_that_reports_the_receive_twice_is_rejected(tmp_path: Path) -> None:
+    # #51595 (second-child-recv): the step after the receive would report it again
+    events = _events("pd-basic")
+    got, at = _verdict(events, tmp_path, bug="second-child-recv")
+    recv = _at(events, lambda e: e.a == "execute" and any(e.out))
+    assert got == "rejected" and at > recv
+
+
+def test_a_recording_without_remote_prefill_cannot_be_mapped() -> None:
+    with pytest.raises(MappingError, match="remote_prefill"):
+        map_decode(_events("read-after-lease-expiry"))
+
+
+def test_the_cli_validates_both_sides(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "v.json"
+    rc = main(["validate", str(RECORDED / "pd-basic"), "--variant", "fixed",
+               "--work", str(tmp_path / "w"), "--json", str(out)])  # fmt: skip
+    doc = json.loads(out.read_text())
+    assert rc == 0 and doc["admitted"] == ["fixed"] and "none" in doc["decode"]["admitted"]
+    assert "decode engine D" in capsys.readouterr().out

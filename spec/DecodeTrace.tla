@@ -1,0 +1,95 @@
+----------------------------- MODULE DecodeTrace -----------------------------
+(***************************************************************************)
+(* Trace validation of the decode side (issue #16): is a run recorded from *)
+(* a real decode engine (kvspec record) a behaviour of Decode.tla for one  *)
+(* design (Bug)?  As KVTrace.tla does for the producer: Log is the         *)
+(* recording mapped to spec terms by kvspec.validate_decode; each event is *)
+(* explained by one spec action with the observed outcome, or is an        *)
+(* observation that changes nothing.  What the recording cannot see        *)
+(* happens silently, as often as needed: a READ's end, a notification's    *)
+(* delivery, a producer's lease, the LMCache child's store, the NIXL       *)
+(* handshake.  The run is a behaviour iff a state with logIdx = Len(Log)  *)
+(* is reachable (TraceUnfinished violated).                                *)
+(*                                                                         *)
+(* Log records: [a, r, batch, out, fail, reads, recv]; a is one of        *)
+(*  "arrive"   D's Scheduler.add_request(r)                               *)
+(*  "schedule" D's Scheduler.schedule: requests it starts running = batch *)
+(*  "execute"  every D worker's step: rank w posted the READs reads[w + 1] *)
+(*             (<<r, producer rank>>) and its get_transfer_results         *)
+(*             reported finished_recving out[w + 1], failed fail[w + 1]    *)
+(*  "update"   D's update_from_output: aggregated finished_recving = recv *)
+(*  "abort"    D's finish_requests(r, FINISHED_ABORTED)                   *)
+(*  "complete" D's request_finished(r) with a stop status                 *)
+(***************************************************************************)
+EXTENDS Decode
+
+CONSTANT Log
+
+VARIABLES logIdx, arrived
+
+tvars == <<vars, logIdx, arrived>>
+
+\* Override Decode's hooks (the cfg says Arrived <- TraceArrived, Busy <- TraceBusy): a
+\* request schedules once recorded as added; D's steps are the recorded ones (a real D may
+\* step for requests that are not P/D ones), so nothing stops the engine.
+TraceArrived(r) == r \in arrived
+TraceBusy == TRUE
+
+\* What update's aggregation receives this step (Decode's LET, named).
+Received == LET m == steps[1]
+                cnt(r) == Cardinality({w \in DRanks : r \in m.out[w]})
+            IN {r \in Reqs : cnt(r) > 0 /\ cnt(r) >= Remaining(r)}
+
+\* The READs worker w posts in the step it runs now (some may also end in it: InStepEnd).
+Posted(w) == {<<x[2], x[3]>> : x \in Fresh(w, steps[StepToRun])}
+
+Match(e) ==
+    CASE e.a = "arrive" ->
+            /\ arrived' = arrived \cup {e.r}
+            /\ UNCHANGED vars
+      [] e.a = "schedule" ->
+            /\ schedule
+            /\ {r \in Reqs : st'[r] = "running" /\ st[r] # "running"} = e.batch
+            /\ UNCHANGED arrived
+      [] e.a = "execute" ->
+            /\ execute
+            /\ \A w \in DRanks : /\ steps'[StepToRun].out[w] = e.out[w + 1]
+                                 /\ steps'[StepToRun].fail[w] = e.fail[w + 1]
+                                 /\ Posted(w) = e.reads[w + 1]
+            /\ UNCHANGED arrived
+      [] e.a = "update" ->
+            /\ Len(steps) > 0 /\ steps[1].ran
+            /\ Received = e.recv
+            /\ update
+            /\ UNCHANGED arrived
+      [] e.a = "abort" ->
+            \* finish_requests on a request no longer active is a no-op
+            /\ \/ abort(e.r)
+               \/ st[e.r] \notin {"new", "wfrk", "running"} /\ UNCHANGED vars
+            /\ UNCHANGED arrived
+      [] e.a = "complete" ->
+            /\ complete(e.r)
+            /\ UNCHANGED arrived
+
+\* Actions the recording does not see.
+Silent ==
+    \/ ReadEnd
+    \/ \E w \in DRanks : handshake_start(w) \/ handshake_done(w)
+    \/ \E p \in PRanks, r \in Reqs : deliver(p, r) \/ lease_expire(p, r)
+    \/ \E r \in Reqs : child_send_done(r)
+
+TraceInit == Init /\ logIdx = 0 /\ arrived = {}
+
+TraceNext ==
+    \/ /\ logIdx < Len(Log)
+       /\ Match(Log[logIdx + 1])
+       /\ logIdx' = logIdx + 1
+    \/ /\ Silent
+       /\ UNCHANGED <<logIdx, arrived>>
+
+TraceSpec == TraceInit /\ [][TraceNext]_tvars
+
+\* Violated iff the whole log is explained (kvspec.validate_decode reads it that way round).
+TraceUnfinished == logIdx < Len(Log)
+
+=============================================================================
