@@ -67,9 +67,31 @@ def _changed(a: State, b: State, var: str) -> list[tuple[Any, ...]]:
     return out
 
 
+def in_step_ends(a: State, b: State) -> list[str]:
+    """The READs an `execute` step a -> b posted that ended before its poll (InStepEnd):
+    "w.r.p.done|err" for one whose request still waits for another READ (its h shows the
+    end), "w.r.all.done|err" for a request the step both read and reported (every READ
+    of it by w ended; err if it is reported failed). Exact where a rank reads a request
+    from one producer rank (P TP <= D TP, or MLA): the rows this is used for."""
+    i = next(k for k, s in sorted(a["steps"].items()) if not s["ran"])
+    step = b["steps"][i]
+    out: list[str] = []
+    for w, reqs in sorted(b["h"].items()):
+        for r, srcs in sorted(reqs.items()):
+            if r in step["out"][w] and r not in a["xf"][w]:
+                out.append(f"{w}.{r}.all.{'err' if r in step['fail'][w] else 'done'}")
+                continue
+            out += [f"{w}.{r}.{p}.{now}" for p, now in sorted(srcs.items())
+                    if a["h"][w][r][p] == "none" and now in ("done", "err")]  # fmt: skip
+    return out
+
+
 def action_of(name: str, a: State, b: State) -> str:
     """The action instance `name(...)` that takes state a to b."""
-    if name in ("schedule", "execute", "update"):
+    if name == "execute":
+        ends = in_step_ends(a, b)
+        return f"execute({', '.join(ends)})" if ends else "execute"
+    if name in ("schedule", "update"):
         return name
     if name in ("abort", "complete"):
         (r,) = {p[0] for p in _changed(a, b, "st")}
@@ -128,7 +150,8 @@ def parse_action(text: str) -> tuple[str, list[Any]]:
     if m is None:
         raise ValueError(f"not an action: {text!r}")
     args = [a.strip() for a in (m[2] or "").split(",") if a.strip()]
-    return m[1], [a == "TRUE" if a in ("TRUE", "FALSE") else int(a) for a in args]
+    return m[1], [a == "TRUE" if a in ("TRUE", "FALSE") else int(a) if a.isdigit() else a
+                  for a in args]  # fmt: skip
 
 
 OBSERVED = ("st", "fRecv", "fFail", "crashed", "steps", "cleanup", "reg", "xf", "h", "rem",

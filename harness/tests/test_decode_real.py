@@ -34,6 +34,8 @@ def _traces(row: str) -> list[tuple[str, object, list[tuple[str, dict[str, objec
         pytest.param("conf-decode-d2-fail", marks=pytest.mark.slow),
         pytest.param("conf-decode-p2-d1-fail", marks=pytest.mark.slow),
         pytest.param("conf-decode-p1-d2-fail", marks=pytest.mark.slow),
+        "conf-decode-d1-fail-instep",
+        pytest.param("conf-decode-p1-d2-fail-instep", marks=pytest.mark.slow),
     ],
 )
 def test_the_installed_decode_engine_conforms(row: str) -> None:
@@ -82,3 +84,19 @@ def test_plain_attention_p_tp_above_kv_heads_is_refused_at_the_handshake() -> No
 def test_each_decode_mutant_is_killed(name: str) -> None:
     out = run_mutant(MUTANTS[name])
     assert out.killed and out.failure_class == "incorrect state", out
+
+
+def test_negative_control_a_read_kept_past_its_step_diverges() -> None:
+    # The same trace with the driver told nothing of the in-step end (the READ stays in
+    # progress at the poll): the step that should report the request does not.
+    name, row, trace = next(
+        t for t in _traces("conf-decode-d1-fail-instep")
+        if any(a.startswith("execute(") and a.endswith(".done)") for a, _ in t[2])
+    )
+    at = next(i for i, (a, _) in enumerate(trace) if a.startswith("execute("))
+    plain = [("execute" if i == at else a, st) for i, (a, st) in enumerate(trace)]
+    with DecodeDriver(row) as d:  # type: ignore[arg-type]
+        res = replay(plain, d)
+    if res.timeout is not None:
+        pytest.skip(f"inconclusive: {res.timeout}")
+    assert res.divergence is not None and res.divergence.startswith(f"step {at}"), (name, res)

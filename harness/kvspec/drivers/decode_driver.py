@@ -28,11 +28,16 @@ handshakes and READs the producer ranks vLLM's read plan gives it (nixl/tp_mappi
 fixture model has 2 KV heads, at least P TP as Decode.tla assumes); a READ's producer rank
 is read off its remote side handle. Release differences go through vllm_adapters.
 
+A READ the spec ends inside the step that posted it (InStepEnd) is ended by the driver
+between that worker's start_load_kv and its get_transfer_results (`execute("w.r.p.done",
+...)`), where a real forward's time would let it complete.
+
 Not driven: MLA (the CPU fixture has no MLA attention), full prefix hits (0.32 takes one
 only with a prefill backoff > 0, base_scheduler.py:379-403: Mamba layers, a bounded-replay
-window, MTP/Eagle drafters; the fixture is a plain attention model), the LMCache child (it
-needs its server) and the re-introduced bugs (mutants are applied to the real code
-instead).
+window, MTP/Eagle drafters; the fixture is a plain attention model), D's first contact
+with P (the cluster's D is handshaken when built; `kvspec validate` checks first contacts
+on recorded engines), the LMCache child (it needs its server) and the re-introduced bugs
+(mutants are applied to the real code instead).
 """
 
 from __future__ import annotations
@@ -141,10 +146,11 @@ class DStep:
 class DecodeDriver:
     def __init__(self, row: SweepRow, device: str = "cpu", waits: Waits = DEFAULT_WAITS) -> None:
         c = row.consts
-        if c["MLA"] or c["FullHit"] or c["Composition"] not in DECODE:
-            # A row this driver cannot build is unavailable here, not a divergence.
-            raise DriverUnavailable(f"{row.name}: the decode driver runs no MLA, "
-                                    f"no full hits, composition in {DECODE}")  # fmt: skip
+        if c["MLA"] or c["FullHit"] or c.get("Handshake") or c["Composition"] not in DECODE:
+            # A row this driver cannot build is unavailable here, not a divergence. Its D
+            # is handshaken with P when built (first contact is validated on recordings).
+            raise DriverUnavailable(f"{row.name}: the decode driver runs no MLA, no full "
+                                    f"hits, no first contact, composition in {DECODE}")  # fmt: skip
         if c["Bug"] != "none":
             raise DriverUnavailable(f"{row.name}: bugs are mutants of the real code here")
         self.row, self.waits, self.N = row, waits, row.requests
@@ -243,7 +249,9 @@ class DecodeDriver:
             raise MissingAction("schedule: the step pipeline is full")
         self.steps.append(DStep(self.d.schedule()))
 
-    def _run_worker(self, t: int, so: Any) -> Any:
+    def _run_worker(self, t: int, so: Any, ends: dict[tuple[int, int], bool]) -> Any:
+        """D rank t's step; `ends`: the READs (r, p) it posts that end before its poll
+        (Decode.tla InStepEnd), ok or not, as the forward's time would let them."""
         api = self.p.c.api
         cons = self.p.c.consumers[t]
         cw = self.p.c.consumer_nixl(t).connector_worker
@@ -256,6 +264,11 @@ class DecodeDriver:
                 for hd in hs:
                     if hd not in before:
                         self.handles[t][hd] = (int(rid.split("-")[1]), self._source(t, hd))
+            for (r, pr), ok in sorted(ends.items()):  # pr -1: every READ of r posted now
+                fresh = {pp for hd, (rr, pp) in self.handles[t].items()
+                         if rr == r and hd not in before}  # fmt: skip
+                for pp in sorted(fresh if pr == -1 else {pr}):
+                    self.xfer_end(t, r, pp, ok)
             res = transfer_results(cons, so.finished_req_ids)
             invalid = cons.get_block_ids_with_load_errors()
         finally:
@@ -286,12 +299,17 @@ class DecodeDriver:
             lambda m: m.startswith(prefix), f"a notification of {req_id(r)}", self.waits
         )
 
-    def execute(self) -> None:
-        """Decode.tla `execute`: every D worker's step on the scheduled metadata."""
+    def execute(self, *ends: str) -> None:
+        """Decode.tla `execute`: every D worker's step on the scheduled metadata. `ends`
+        ("w.r.p.done" / "w.r.p.err"): READs posted in this step that end before its poll."""
         st = next((s for s in self.steps if not s.ran), None)
         if st is None:
             raise MissingAction("execute: no scheduled step")
-        st.outputs = [self._run_worker(t, st.so) for t in range(self.T)]
+        by_rank: dict[int, dict[tuple[int, int], bool]] = {t: {} for t in range(self.T)}
+        for e in ends:
+            w, r, p, how = e.split(".")
+            by_rank[int(w)][(int(r), -1 if p == "all" else int(p))] = how == "done"
+        st.outputs = [self._run_worker(t, st.so, by_rank[t]) for t in range(self.T)]
         st.ran = True
 
     def update(self) -> None:
