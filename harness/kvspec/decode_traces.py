@@ -45,8 +45,9 @@ def plain(v: Value) -> Any:
         return {k: plain(x) for k, x in v.pairs}
     if isinstance(v, Record):
         return {k: plain(x) for k, x in v.fields}
-    if isinstance(v, frozenset):
-        return frozenset(plain(x) for x in v)
+    if isinstance(v, frozenset):  # a tuple inside a set stays a (hashable) tuple
+        return frozenset(tuple(plain(y) for y in x) if isinstance(x, tuple) else plain(x)
+                         for x in v)  # fmt: skip
     return v
 
 
@@ -105,10 +106,26 @@ def action_of(name: str, a: State, b: State) -> str:
     if name == "deliver":
         ((p, r),) = _changed(a, b, "pin")
         return f"deliver({p}, {r})"
+    if name in ("handshake_start", "handshake_done"):
+        ((w,),) = _changed(a, b, "hsd")
+        return f"{name}({w})"
     if name == "lease_expire":
         ((p, r),) = _changed(a, b, "pst")
         return f"lease_expire({p}, {r})"
     raise DotError(f"Decode.tla edge labelled {name!r}: unknown action")
+
+
+def trace_from_counterexample(doc: dict[str, Any]) -> Trace:
+    """A Decode.tla counterexample (ITF, `kvspec decode` writes one per violation) as a
+    replayable trace: each step's action instance read off its state change."""
+    from kvspec.itf import trace_from_itf
+
+    t = trace_from_itf(doc)
+    states = [{k: plain(v) for k, v in st.values.items()} for st in t.states]
+    out: Trace = [("init", states[0])]
+    for st, a, b in zip(t.states[1:], states, states[1:], strict=False):
+        out.append((action_of(st.action.split(" ")[0], a, b), b))
+    return out
 
 
 def conform_rows(path: Path = CONFORM) -> list[SweepRow]:
@@ -155,7 +172,7 @@ def parse_action(text: str) -> tuple[str, list[Any]]:
 
 
 OBSERVED = ("st", "fRecv", "fFail", "crashed", "steps", "cleanup", "reg", "xf", "h", "rem",
-            "pin", "pst")  # fmt: skip
+            "pin", "pst", "hsd", "rdy")  # fmt: skip
 
 
 def differences(seen: dict[str, object], want: State) -> list[str]:

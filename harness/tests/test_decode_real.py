@@ -6,13 +6,21 @@ re-introduced in memory, is killed by a trace."""
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("vllm")
 pytest.importorskip("nixl")
 
-from kvspec.decode_traces import replay, replay_with_retry, suite  # noqa: E402
+from kvspec.decode_traces import (  # noqa: E402
+    replay,
+    replay_with_retry,
+    suite,
+    trace_from_counterexample,
+)
 from kvspec.drivers.decode_driver import DecodeDriver  # noqa: E402
 from kvspec.mutants import run_mutant  # noqa: E402
 from kvspec.mutations.catalogue import MUTANTS  # noqa: E402
@@ -36,6 +44,8 @@ def _traces(row: str) -> list[tuple[str, object, list[tuple[str, dict[str, objec
         pytest.param("conf-decode-p1-d2-fail", marks=pytest.mark.slow),
         "conf-decode-d1-fail-instep",
         pytest.param("conf-decode-p1-d2-fail-instep", marks=pytest.mark.slow),
+        "conf-decode-d1-first-contact",
+        pytest.param("conf-decode-p1-d2-first-contact", marks=pytest.mark.slow),
     ],
 )
 def test_the_installed_decode_engine_conforms(row: str) -> None:
@@ -100,3 +110,43 @@ def test_negative_control_a_read_kept_past_its_step_diverges() -> None:
     if res.timeout is not None:
         pytest.skip(f"inconclusive: {res.timeout}")
     assert res.divergence is not None and res.divergence.startswith(f"step {at}"), (name, res)
+
+
+FIRST_CONTACT = Path(__file__).resolve().parents[2] / "conformance" / "decode"
+
+
+def _matrix_row(name: str) -> object:
+    from kvspec.decode import DECODE
+    from kvspec.sweep import load_sweep_matrix
+
+    return next(r for r in load_sweep_matrix(DECODE) if r.name == name)
+
+
+def test_first_contact_leaves_the_abort_notification_queued_and_p_waits_for_its_lease() -> None:
+    # ProducerNotified's counterexample (spec/decode-matrix.toml p1-d1-first-contact-abort)
+    # on the real engine: the aborted request's notify-only entry waits for the handshake,
+    # D has nothing to run, and P's blocks go only when the lease does.
+    doc = json.loads((FIRST_CONTACT / "first-contact-abort-ProducerNotified.itf.json").read_text())
+    trace = trace_from_counterexample(doc)
+    with DecodeDriver(_matrix_row("p1-d1-first-contact-abort")) as d:  # type: ignore[arg-type]
+        res = replay(trace, d)
+        if res.timeout is not None:
+            pytest.skip(f"inconclusive: {res.timeout}")
+        assert res.divergence is None, res
+        d.handshake_done(0)  # the handshake completes: the entry waits for a next step
+        assert d.observe()["rdy"] == {0: frozenset({(1, False)})}
+        assert d.p.c.inboxes[0].take_arrived(b"req-1:1") is None  # P never heard of it
+
+
+def test_negative_control_handshaken_d_notifies_and_the_lease_step_is_refused() -> None:
+    # The same steps with D handshaken (steady state; the trace says so too): the execute
+    # sends the notify-only message at once (pin), where the counterexample's is queued.
+    doc = json.loads((FIRST_CONTACT / "first-contact-abort-ProducerNotified.itf.json").read_text())
+    row = _matrix_row("p1-d1-first-contact-abort")
+    steady = dataclasses.replace(row, consts={**row.consts, "Handshake": False})  # type: ignore[type-var]
+    trace = [(a, {**st, "hsd": {0: "done"}}) for a, st in trace_from_counterexample(doc)]
+    with DecodeDriver(steady) as d:  # type: ignore[arg-type]
+        res = replay(trace, d)
+    if res.timeout is not None:
+        pytest.skip(f"inconclusive: {res.timeout}")
+    assert res.divergence is not None and res.divergence.startswith("step 3"), res

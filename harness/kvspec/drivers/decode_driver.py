@@ -43,7 +43,6 @@ on recorded engines), the LMCache child (it needs its server) and the re-introdu
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvspec.drivers.base import MissingAction
+from kvspec.drivers.decode_seams import HeldHandshake, HeldReads
 from kvspec.drivers.vllm_adapters import (
     awaits,
     connector_output,
@@ -82,60 +82,6 @@ def dreq(r: int) -> str:
     return f"dreq-{r}"
 
 
-class HeldReads:
-    """One decode worker's READ handles: "PROC" to vLLM until the spec ends them, then
-    NIXL's own state (ok) or "ERR" (a failed transfer). Each READ's remote side handle is
-    noted as it is made: it names the producer rank read (hetero TP reads several). So is
-    its notification, which NIXL sends with the READ's completion, and every standalone
-    `send_notif` (notify-only messages, heartbeats): what D sent P, to project `pin`."""
-
-    def __init__(self, wrapper: Any) -> None:
-        self.wrapper = wrapper
-        self._real = wrapper.check_xfer_state
-        self._make = wrapper.make_prepped_xfer
-        self._send = wrapper.send_notif
-        self._lock = threading.Lock()
-        self.ended: dict[int, bool] = {}  # handle -> ok
-        self.remote_side: dict[int, Any] = {}  # handle -> remote xfer side handle
-        self.notif: dict[int, bytes] = {}  # handle -> the notification its completion sends
-        self.sent: list[tuple[str, bytes]] = []  # standalone send_notif: (agent, message)
-        wrapper.check_xfer_state = self.check_xfer_state
-        wrapper.make_prepped_xfer = self.make_prepped_xfer
-        wrapper.send_notif = self.send_notif
-
-    def make_prepped_xfer(self, op: str, local: Any, lids: Any, remote: Any, *a: Any,
-                          **k: Any) -> Any:  # fmt: skip
-        handle = self._make(op, local, lids, remote, *a, **k)
-        self.remote_side[handle] = remote
-        msg = k.get("notif_msg", a[1] if len(a) > 1 else b"")
-        self.notif[handle] = msg.encode() if isinstance(msg, str) else bytes(msg)
-        return handle
-
-    def send_notif(self, agent: str, notif_msg: Any, *a: Any, **k: Any) -> Any:
-        msg = notif_msg.encode() if isinstance(notif_msg, str) else bytes(notif_msg)
-        self.sent.append((agent, msg))
-        return self._send(agent, notif_msg, *a, **k)
-
-    def check_xfer_state(self, handle: int) -> str:
-        with self._lock:
-            ok = self.ended.get(handle)
-        if ok is None:
-            return "PROC"
-        return str(self._real(handle)) if ok else "ERR"
-
-    def real_state(self, handle: int) -> str:
-        return str(self._real(handle))
-
-    def end(self, handle: int, ok: bool) -> None:
-        with self._lock:
-            self.ended[handle] = ok
-
-    def restore(self) -> None:
-        for name in ("check_xfer_state", "make_prepped_xfer", "send_notif"):
-            with contextlib.suppress(AttributeError):
-                delattr(self.wrapper, name)
-
-
 @dataclass
 class DStep:
     so: Any
@@ -146,11 +92,10 @@ class DStep:
 class DecodeDriver:
     def __init__(self, row: SweepRow, device: str = "cpu", waits: Waits = DEFAULT_WAITS) -> None:
         c = row.consts
-        if c["MLA"] or c["FullHit"] or c.get("Handshake") or c["Composition"] not in DECODE:
-            # A row this driver cannot build is unavailable here, not a divergence. Its D
-            # is handshaken with P when built (first contact is validated on recordings).
-            raise DriverUnavailable(f"{row.name}: the decode driver runs no MLA, no full "
-                                    f"hits, no first contact, composition in {DECODE}")  # fmt: skip
+        if c["MLA"] or c["FullHit"] or c["Composition"] not in DECODE:
+            # A row this driver cannot build is unavailable here, not a divergence.
+            raise DriverUnavailable(f"{row.name}: the decode driver runs no MLA, "
+                                    f"no full hits, composition in {DECODE}")  # fmt: skip
         if c["Bug"] != "none":
             raise DriverUnavailable(f"{row.name}: bugs are mutants of the real code here")
         self.row, self.waits, self.N = row, waits, row.requests
@@ -164,9 +109,13 @@ class DecodeDriver:
         self.p = VllmDriver(prow, device=device, waits=waits, decode_composition=self.comp,
                             decode_tp=self.T)  # fmt: skip
         self.held: list[HeldReads] = []
+        self.hs: list[HeldHandshake] = []  # first contact (Handshake rows)
         try:
             self._prefill_on_producer()
             self._build_decode(device, str(c["Policy"]), bool(c["AsyncScheduling"]))
+            if c.get("Handshake"):
+                cws = [self.p.c.consumer_nixl(t).connector_worker for t in range(self.T)]
+                self.hs = [HeldHandshake(cw, self.p.c.engine_id, waits) for cw in cws]
         except BaseException:
             self.close()
             raise
@@ -229,6 +178,8 @@ class DecodeDriver:
     def close(self) -> None:
         # The seams go first: the pooled cluster's reset then drains the READs a trace
         # left in progress with NIXL's real states.
+        for hs in self.hs:
+            hs.restore()
         for h in self.held:
             h.restore()
         if getattr(self, "d", None) is not None:
@@ -309,6 +260,11 @@ class DecodeDriver:
         for e in ends:
             w, r, p, how = e.split(".")
             by_rank[int(w)][(int(r), -1 if p == "all" else int(p))] = how == "done"
+        if self.hs:  # entries a worker not yet handshaken hands to the pending handshake
+            meta = VllmDriver._nixl_meta(st.so.kv_connector_metadata, self.comp)
+            for hs in self.hs:
+                if hs.state() != "done":
+                    hs.deferred += len(meta.reqs_to_recv)
         st.outputs = [self._run_worker(t, st.so, by_rank[t]) for t in range(self.T)]
         st.ran = True
 
@@ -329,6 +285,14 @@ class DecodeDriver:
 
     def complete(self, r: int) -> None:
         self.d.finish_requests(dreq(r), self.p.c.api.RequestStatus.FINISHED_LENGTH_CAPPED)
+
+    def handshake_start(self, w: int) -> None:
+        """Decode.tla `handshake_start(w)`: D's proactive handshake with P (heartbeats')."""
+        self.hs[w].start(self.p.params[1])
+
+    def handshake_done(self, w: int) -> None:
+        """Decode.tla `handshake_done(w)`: the exchange completes; vLLM's callbacks run."""
+        self.hs[w].release()
 
     def xfer_end(self, w: int, r: int, p: int, ok: bool) -> None:
         """The READ of r by D rank w from P rank p ends (NIXL's own completion first)."""
@@ -457,6 +421,9 @@ class DecodeDriver:
                    for w in ranks},  # fmt: skip
             "h": {w: {r: {p: self._h(w, r, p) for p in pranks} for r in reqs} for w in ranks},
             "rem": {r: self.agg._recv_remaining_count.get(dreq(r), 0) for r in reqs},
+            "hsd": {w: self.hs[w].state() if self.hs else "done" for w in ranks},
+            "rdy": {w: frozenset((int(rid.split("-")[1]), aw) for rid, aw in self.hs[w].ready())
+                    if self.hs else frozenset() for w in ranks},  # fmt: skip
             "pin": {p: {r: pin.get((p, r), 0) for r in reqs} for p in pranks},
             "pst": {p: {r: "held" if p_held[(p, r)] else self.pst.get((p, r), "?")
                         for r in reqs} for p in pranks},  # fmt: skip
