@@ -150,3 +150,18 @@ def test_negative_control_handshaken_d_notifies_and_the_lease_step_is_refused() 
     if res.timeout is not None:
         pytest.skip(f"inconclusive: {res.timeout}")
     assert res.divergence is not None and res.divergence.startswith("step 3"), res
+
+
+def test_a_release_without_the_background_handshake_leaves_first_contact_not_driven(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A vLLM whose NIXL worker lacks the deferral path (probed, as an older release would
+    # be): its first-contact rows get no verdict, and say why.
+    from kvspec.cli import main
+    from kvspec.drivers.decode_seams import HeldHandshake
+
+    monkeypatch.setattr(HeldHandshake, "NEEDS", (*HeldHandshake.NEEDS, "_not_in_any_release"))
+    rc = main(["decode", "--conform", "--only", "conf-decode-d1-first-contact"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "conf-decode-d1-first-contact: not driven" in out
+    assert "_not_in_any_release" in out

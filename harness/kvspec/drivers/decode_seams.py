@@ -8,6 +8,7 @@ import contextlib
 import threading
 from typing import Any
 
+from kvspec.drivers.vllm_env import DriverUnavailable
 from kvspec.drivers.vllm_inbox import Waits
 
 
@@ -73,7 +74,12 @@ class HeldHandshake:
     `_nixl_handshake`, is replaced: it returns the agents the cluster's real handshake
     registered, once the driver releases it (the spec's `handshake_done`)."""
 
+    NEEDS = ("_ensure_handshake", "_handshake_futures", "_ready_requests", "_nixl_handshake")
+
     def __init__(self, cw: Any, engine: str, waits: Waits) -> None:
+        missing = [n for n in self.NEEDS if not hasattr(cw, n)]
+        if missing:  # a release without the background handshake path: not driven here
+            raise DriverUnavailable(f"first contact: this vLLM's NIXL worker has no {missing}")
         self.cw, self.engine, self.waits = cw, engine, waits
         self.agents = cw._remote_agents.pop(engine)
         self.offset = cw._engine_clock_offset.get(engine, 0.0)
