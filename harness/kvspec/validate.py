@@ -14,8 +14,10 @@ import argparse
 import json
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from kvspec.matrix import SPEC_FILE, ModelRow, Topology
 from kvspec.record.log import Event, RecordError, read_dir
@@ -112,22 +114,30 @@ def check_design(m: Mapped, variant: str, work: Path, timeout_s: float = 300) ->
     (d / "KVTraceRun.tla").write_text(trace_module(m.log))
     cfg = d / "KVTraceRun.cfg"
     cfg.write_text(trace_cfg(row))
+    return trace_verdict(variant, d / "KVTraceRun.tla", cfg, len(m.log), timeout_s)
+
+
+def trace_verdict(name: str, module: Path, cfg: Path, events: int,
+                  timeout_s: float) -> DesignVerdict:  # fmt: skip
+    """TLC on a trace-validation module (KVTrace or DecodeTrace constrained by a log):
+    admitted iff TraceUnfinished is violated; else rejected at the largest logIdx reached,
+    with the states there; a TLC run that times out twice or fails is inconclusive."""
+    d = module.parent
     dot = d / "states.dot"
-    res = run_tlc(d / "KVTraceRun.tla", cfg, deadlock=False, dump_dot=dot, log_dir=d,
-                  timeout_s=timeout_s)  # fmt: skip
+    res = run_tlc(module, cfg, deadlock=False, dump_dot=dot, log_dir=d, timeout_s=timeout_s)
     if res.verdict == "timeout":  # a loaded machine: once more, twice as long
-        res = run_tlc(d / "KVTraceRun.tla", cfg, deadlock=False, dump_dot=dot, log_dir=d,
+        res = run_tlc(module, cfg, deadlock=False, dump_dot=dot, log_dir=d,
                       timeout_s=2 * timeout_s)  # fmt: skip
     if res.verdict == "violated" and res.violated_property == "TraceUnfinished":
-        return DesignVerdict(variant, "admitted", len(m.log))
+        return DesignVerdict(name, "admitted", events)
     if res.verdict != "holds":
-        return DesignVerdict(variant, "inconclusive",
+        return DesignVerdict(name, "inconclusive",
                              detail=f"TLC {res.verdict}: {res.error or res.violated_property}; "
                                     f"log {res.log_path}")  # fmt: skip
     graph = parse_dot(dot.read_text())
     reached = max(int(str(s["logIdx"])) for s in graph.states.values())
     at = [s for s in graph.states.values() if s["logIdx"] == reached]
-    return DesignVerdict(variant, "rejected", reached, at[:3])
+    return DesignVerdict(name, "rejected", reached, at[:3])
 
 
 @dataclass
@@ -150,29 +160,44 @@ def validate(trace_dir: Path, work: Path, variants: tuple[str, ...] = VARIANTS) 
     return validate_events(read_dir(trace_dir), work, variants)
 
 
-def _event_line(e: SpecEvent) -> str:
+class _Logged(Protocol):
+    @property
+    def source(self) -> Event | None: ...
+
+    def describe(self) -> str: ...
+
+
+def event_line(e: _Logged) -> str:
+    """A spec event and the recorded call it came from (either side's log)."""
     src = e.source
     where = f"{src.engine} {src.role} {src.rank} #{src.seq} {src.call}" if src else "?"
     return f"{e.describe()}   <- {where}"
+
+
+def print_designs(designs: list[DesignVerdict], lines: list[str], shown: tuple[str, ...],
+                  label: Callable[[str], str] = str, width: int = 16) -> None:  # fmt: skip
+    """One line per design; a rejected one names the first event no spec step explains
+    (`lines`: the log's events as event_line) and the first spec state reached there."""
+    for d in designs:
+        name = label(d.variant)
+        if d.verdict == "admitted":
+            print(f"  {name:{width}} admitted: all {d.explained} events explained")
+        elif d.verdict == "inconclusive":
+            print(f"  {name:{width}} inconclusive: {d.detail}")
+        else:
+            print(f"  {name:{width}} rejected at event {d.explained + 1}/{len(lines)}: "
+                  f"{lines[d.explained]}")  # fmt: skip
+            for s in d.states[:1]:
+                for k in shown:
+                    if k in s:
+                        print(f"      {k:9} = {to_tla(s[k])}")
 
 
 def print_validation(v: Validation) -> None:
     m = v.mapped
     print(f"producer {m.producer} (world {m.world}), consumers {', '.join(m.consumers) or '-'};"
           f" {len(m.requests)} requests, {len(m.log)} spec events")  # fmt: skip
-    for d in v.designs:
-        if d.verdict == "admitted":
-            print(f"  {d.variant:16} admitted: all {d.explained} events explained")
-        elif d.verdict == "inconclusive":
-            print(f"  {d.variant:16} inconclusive: {d.detail}")
-        else:
-            e = m.log[d.explained]
-            print(f"  {d.variant:16} rejected at event {d.explained + 1}/{len(m.log)}: "
-                  f"{_event_line(e)}")  # fmt: skip
-            for s in d.states[:1]:
-                for k in SHOWN:
-                    if k in s:
-                        print(f"      {k:9} = {to_tla(s[k])}")
+    print_designs(v.designs, [event_line(e) for e in m.log], SHOWN)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -189,7 +214,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _decode_side(events: list[Event], args: argparse.Namespace) -> dict[str, object] | None:
     """The decode side's verdicts as JSON (None: not validated, said on the terminal)."""
-    from kvspec.validate_decode import event_line, print_decode, validate_decode
+    from kvspec.validate_decode import print_decode, validate_decode
 
     try:
         dv = validate_decode(events, args.work, engine=args.engine)
@@ -213,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
             v = validate_events(events, args.work, tuple(args.variant or VARIANTS))
             print_validation(v)
             doc |= {"producer": v.mapped.producer, "events": len(v.mapped.log),
-                    "log": [_event_line(e) for e in v.mapped.log],
+                    "log": [event_line(e) for e in v.mapped.log],
                     "designs": [d.to_json() for d in v.designs],
                     "admitted": v.admitted}  # fmt: skip
             if any(d.verdict == "inconclusive" for d in v.designs) and not v.admitted:

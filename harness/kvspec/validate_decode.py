@@ -17,9 +17,7 @@ from kvspec.decode import BUGS, DECODE
 from kvspec.record.decode_mapping import DecodeEvent, DecodeMapped, map_decode
 from kvspec.record.log import Event
 from kvspec.record.mapping import MappingError
-from kvspec.statgraph import parse_dot
-from kvspec.tlc import run_tlc
-from kvspec.validate import DesignVerdict
+from kvspec.validate import DesignVerdict, event_line, print_designs, trace_verdict
 
 TRACE_SPEC = DECODE.spec.parent / "DecodeTrace.tla"
 SHOWN_DECODE = ("st", "fRecv", "steps", "reg", "xf", "h", "rem", "hsd", "hsq", "rdy")
@@ -98,22 +96,7 @@ def check_bug(m: DecodeMapped, bug: str, work: Path, timeout_s: float = 300,
     (d / "DecodeTraceRun.tla").write_text(trace_module(m))
     cfg = d / "DecodeTraceRun.cfg"
     cfg.write_text(trace_cfg(constants(m, bug) | (extra or {})))
-    dot = d / "states.dot"
-    res = run_tlc(d / "DecodeTraceRun.tla", cfg, deadlock=False, dump_dot=dot, log_dir=d,
-                  timeout_s=timeout_s)  # fmt: skip
-    if res.verdict == "timeout":  # a loaded machine: once more, twice as long
-        res = run_tlc(d / "DecodeTraceRun.tla", cfg, deadlock=False, dump_dot=dot, log_dir=d,
-                      timeout_s=2 * timeout_s)  # fmt: skip
-    if res.verdict == "violated" and res.violated_property == "TraceUnfinished":
-        return DesignVerdict(bug, "admitted", len(m.log))
-    if res.verdict != "holds":
-        return DesignVerdict(bug, "inconclusive",
-                             detail=f"TLC {res.verdict}: {res.error or res.violated_property}; "
-                                    f"log {res.log_path}")  # fmt: skip
-    graph = parse_dot(dot.read_text())
-    reached = max(int(str(s["logIdx"])) for s in graph.states.values())
-    at = [s for s in graph.states.values() if s["logIdx"] == reached]
-    return DesignVerdict(bug, "rejected", reached, at[:3])
+    return trace_verdict(bug, d / "DecodeTraceRun.tla", cfg, len(m.log), timeout_s)
 
 
 @dataclass
@@ -132,28 +115,9 @@ def validate_decode(events: list[Event], work: Path, bugs: tuple[str, ...] = BUG
     return DecodeValidation(m, [check_bug(m, b, work / "decode") for b in bugs])
 
 
-def event_line(e: DecodeEvent) -> str:
-    src = e.source
-    where = f"{src.engine} {src.role} {src.rank} #{src.seq} {src.call}" if src else "?"
-    return f"{e.describe()}   <- {where}"
-
-
 def print_decode(v: DecodeValidation) -> None:
-    from kvspec.tlcvalue import to_tla
-
     m = v.mapped
     print(f"decode engine {m.consumer} (D TP {m.world}, P TP {m.producer_world}); "
           f"{len(m.requests)} P/D requests, {len(m.log)} spec events")  # fmt: skip
-    for d in v.designs:
-        name = "0.32 as shipped" if d.variant == "none" else f"bug {d.variant}"
-        if d.verdict == "admitted":
-            print(f"  {name:32} admitted: all {d.explained} events explained")
-        elif d.verdict == "inconclusive":
-            print(f"  {name:32} inconclusive: {d.detail}")
-        else:
-            print(f"  {name:32} rejected at event {d.explained + 1}/{len(m.log)}: "
-                  f"{event_line(m.log[d.explained])}")  # fmt: skip
-            for s in d.states[:1]:
-                for k in SHOWN_DECODE:
-                    if k in s:
-                        print(f"      {k:6} = {to_tla(s[k])}")
+    print_designs(v.designs, [event_line(e) for e in m.log], SHOWN_DECODE,
+                  lambda b: "0.32 as shipped" if b == "none" else f"bug {b}", 32)  # fmt: skip

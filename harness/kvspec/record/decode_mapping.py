@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvspec.record.log import Event
-from kvspec.record.mapping import MappingError
+from kvspec.record.mapping import MappingError, drop_idle_steps
 
 STOPPED = ("FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED")
-KEEP_IDLE = 2  # as the producer's mapping: a pipeline of depth 2 is flushed after two
 
 
 @dataclass(frozen=True)
@@ -167,32 +166,6 @@ def map_decode(events: list[Event], engine: str | None = None) -> DecodeMapped:
 
 
 def _drop_idle(log: list[DecodeEvent]) -> tuple[list[DecodeEvent], set[int]]:
-    """Without the idle steps past KEEP_IDLE in a row (a step whose schedule, execute and
-    update are idle, with no other event since the previous step): D's engine steps for
-    every decoded token and idles hundreds of steps while a READ runs."""
-    kinds = ("schedule", "execute", "update")
-    at: dict[str, list[int]] = {k: [] for k in kinds}
-    for n, e in enumerate(log):
-        if e.a in kinds:
-            at[e.a].append(n)
-    drop: set[int] = set()
-    run, prev_end = 0, -1
-    for s in range(min(len(v) for v in at.values())):
-        idx = [at[k][s] for k in kinds]
-        other = any(log[n].a not in kinds for n in range(prev_end + 1, min(idx)))
-        prev_end = max(idx)
-        if not all(log[n].idle for n in idx):
-            run = 0
-            continue
-        run = 1 if other else run + 1
-        if run > KEEP_IDLE:
-            drop.add(s + 1)
-    count = {k: 0 for k in kinds}
-    kept = []
-    for e in log:
-        if e.a in kinds:
-            count[e.a] += 1
-            if count[e.a] in drop:
-                continue
-        kept.append(e)
-    return kept, drop
+    """Without the idle steps past two in a row (kvspec.record.mapping's rule): D's engine
+    steps for every decoded token and idles hundreds of steps while a READ runs."""
+    return drop_idle_steps(log, lambda e: e.idle)

@@ -12,8 +12,9 @@ scheduler's update_from_output of that step (the update waits for those outputs)
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from kvspec.record.log import Event
 
@@ -173,24 +174,31 @@ def _idle(e: SpecEvent) -> bool:
     )
 
 
-def idle_steps(log: list[SpecEvent]) -> set[int]:
+class _Event(Protocol):
+    @property
+    def a(self) -> str: ...
+
+
+E = TypeVar("E", bound=_Event)
+STEP_KINDS = ("schedule", "execute", "update")
+
+
+def idle_steps(log: Sequence[E], idle: Callable[[E], bool]) -> set[int]:
     """Steps (1-based, in the order of their schedule events; execute and update follow
     their step's order) to drop: idle ones past KEEP_IDLE in a row. A step is idle when its
-    schedule, execute and update all are; an arrive/abort/read/recv event between two steps
-    ends the run."""
-    kinds = ("schedule", "execute", "update")
-    at: dict[str, list[int]] = {k: [] for k in kinds}
+    schedule, execute and update all are (`idle`); any other event between two steps ends
+    the run. Used for the producer's log and the decode engine's (decode_mapping)."""
+    at: dict[str, list[int]] = {k: [] for k in STEP_KINDS}
     for n, e in enumerate(log):
-        if e.a in kinds:
+        if e.a in STEP_KINDS:
             at[e.a].append(n)
-    steps = min(len(v) for v in at.values())
     drop: set[int] = set()
     run, prev_end = 0, -1
-    for s in range(steps):
-        idx = [at[k][s] for k in kinds]
-        other = any(log[n].a not in kinds for n in range(prev_end + 1, min(idx)))
+    for s in range(min(len(v) for v in at.values())):
+        idx = [at[k][s] for k in STEP_KINDS]
+        other = any(log[n].a not in STEP_KINDS for n in range(prev_end + 1, min(idx)))
         prev_end = max(idx)
-        if not all(_idle(log[n]) for n in idx):
+        if not all(idle(log[n]) for n in idx):
             run = 0
             continue
         run = 1 if other else run + 1
@@ -199,13 +207,13 @@ def idle_steps(log: list[SpecEvent]) -> set[int]:
     return drop
 
 
-def drop_idle_steps(log: list[SpecEvent]) -> tuple[list[SpecEvent], set[int]]:
-    kinds = ("schedule", "execute", "update")
-    drop = idle_steps(log)
-    count = {k: 0 for k in kinds}
+def drop_idle_steps(log: Sequence[E], idle: Callable[[E], bool] = _idle  # type: ignore[assignment]
+                    ) -> tuple[list[E], set[int]]:  # fmt: skip
+    drop = idle_steps(log, idle)
+    count = {k: 0 for k in STEP_KINDS}
     kept = []
     for e in log:
-        if e.a in kinds:
+        if e.a in STEP_KINDS:
             count[e.a] += 1
             if count[e.a] in drop:
                 continue
