@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvspec.decode_traces import DecodeRun, run_decode_regressions
+from kvspec.drivers.base import WaitTimeout
 from kvspec.drivers.vllm_env import check_device, vllm_logs
 from kvspec.extensions import extension_traces
 from kvspec.itf import JSON
@@ -106,6 +107,9 @@ def run_traces(traces: list[SpecTrace], device: str = "cpu") -> tuple[str | None
             driver = VllmDriver(t.row, device=device)
         except DriverUnavailable:
             continue
+        except WaitTimeout as exc:  # a pooled cluster that did not reset: no verdict
+            shutdown_pool()  # and the next mutant starts on fresh clusters
+            return t.name, None, f"{INCONCLUSIVE}: setting up: {exc}"
         try:
             with driver:
                 res = replay(driver, t)

@@ -191,3 +191,29 @@ def test_lease_mutants_are_killed_by_the_lease_counterexamples() -> None:
     out = run_mutant(MUTANTS["heartbeat-full-lease"], traces=[])
     assert out.killed and out.failure_class == INCORRECT
     assert out.trace is not None and out.trace.startswith("lease/"), out.trace
+
+
+@pytest.mark.vllm
+def test_a_cluster_that_does_not_reset_makes_the_run_inconclusive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pooled cluster whose reset wait expires while a mutant's driver is built (seen:
+    the push writer under a push mutant) stops that run undecided and drops the pool; it
+    used to end the whole campaign."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("vllm")
+    from kvspec import mutants
+    from kvspec.drivers import vllm_cluster, vllm_driver
+    from kvspec.drivers.base import WaitTimeout
+
+    def stuck(*a: object, **k: object) -> None:
+        raise WaitTimeout("the push writer to drop the previous trace's blocks", 120.0)
+
+    dropped: list[bool] = []
+    monkeypatch.setattr(vllm_driver, "VllmDriver", stuck)
+    monkeypatch.setattr(vllm_cluster, "shutdown_pool", lambda: dropped.append(True))
+    t = SimpleNamespace(name="m/007", row=None)
+    name, div, detail = mutants.run_traces([t])  # type: ignore[list-item]
+    assert (name, div, dropped) == ("m/007", None, [True])
+    assert detail.startswith(mutants.INCONCLUSIVE) and "push writer" in detail
