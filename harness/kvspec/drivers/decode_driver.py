@@ -96,6 +96,11 @@ class DecodeDriver:
             # A row this driver cannot build is unavailable here, not a divergence.
             raise DriverUnavailable(f"{row.name}: the decode driver runs no MLA, "
                                     f"no full hits, composition in {DECODE}")  # fmt: skip
+        if c.get("InStepEnd") and int(c["PTP"]) > int(c["DTP"]) and not c["MLA"]:
+            # decode_traces.in_step_ends names a request's in-step ends per rank, exact
+            # only with one read source per rank.
+            raise DriverUnavailable(f"{row.name}: in-step READ ends with several read "
+                                    "sources per decode rank are not driven")  # fmt: skip
         if c["Bug"] != "none":
             raise DriverUnavailable(f"{row.name}: bugs are mutants of the real code here")
         self.row, self.waits, self.N = row, waits, row.requests
