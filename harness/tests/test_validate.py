@@ -23,6 +23,9 @@ RECORDED = REPO / "conformance" / "recorded"
 
 def _verdicts(events: list, tmp: Path, variants: tuple[str, ...]) -> dict[str, tuple[str, int]]:
     v = validate_events(events, tmp, variants)
+    slow = [d.detail for d in v.designs if d.verdict == "inconclusive"]
+    if slow:  # TLC timed out twice (a loaded machine): no verdict either way
+        pytest.skip(f"inconclusive: {slow[0]}")
     return {d.variant: (d.verdict, d.explained) for d in v.designs}
 
 
