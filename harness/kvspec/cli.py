@@ -249,6 +249,9 @@ add_traces_parser = _stage_parser(
 add_conform_parser = _stage_parser("conform", "replay traces on a driver: which variants conform")
 add_mutants_parser = _stage_parser("mutants", "mutation campaign against the installed vLLM")
 add_lease_parser = _stage_parser("lease", "the lease-clock sweep (spec/LeaseClock.tla)")
+add_clock_parser = _stage_parser(
+    "clock", "the producer engine against a lease clock (spec/KVClock.tla)"
+)
 add_decode_parser = _stage_parser("decode", "the decode-side round trip (spec/Decode.tla)")
 add_validate_parser = _stage_parser(
     "validate", "is a recorded real run (kvspec record) a behaviour of the spec, per design"
@@ -273,6 +276,7 @@ PARSERS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], No
     add_review_parser,
     add_mutants_parser,
     add_lease_parser,
+    add_clock_parser,
     add_decode_parser,
     add_validate_parser,
     add_record_parser,

@@ -26,14 +26,19 @@ def _rows(sweep: Sweep, args: argparse.Namespace) -> list[SweepRow]:
     return [r for r in rows if args.tier == "full" or r.tier == "fast"]
 
 
-def print_results(results: list[LeaseConformance], console: Console) -> None:
-    table = Table(title="LeaseClock traces on vLLM's real lease code")
-    for col in ("row", "edges", "traces", "conforming", "inconclusive", "diverging"):
+def print_results(
+    results: list[LeaseConformance],
+    console: Console,
+    title: str = "LeaseClock traces on vLLM's real lease code",
+) -> None:
+    table = Table(title=title)
+    cols = ("row", "edges", "traces", "conforming", "inconclusive", "diverging", "not driven")
+    for col in cols:
         table.add_column(col, justify="left" if col == "row" else "right")
     for r in results:
         table.add_row(
             r.row, str(r.edges), str(r.traces), str(r.conforming),
-            str(len(r.inconclusive)), str(len(r.divergences)),
+            str(len(r.inconclusive)), str(len(r.divergences)), str(len(r.not_driven)),
         )  # fmt: skip
     console.print(table)
     for r in results:

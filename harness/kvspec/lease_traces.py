@@ -92,6 +92,7 @@ class LeaseConformance:
     conforming: int = 0
     inconclusive: list[str] = field(default_factory=list)
     divergences: list[str] = field(default_factory=list)
+    not_driven: list[str] = field(default_factory=list)  # needs what the driver cannot do
 
     def to_json(self) -> dict[str, JSON]:
         return dict(asdict(self))

@@ -60,6 +60,7 @@ class Sweep:
     columns: tuple[str, ...]  # constants shown in the table
     title: str
     max_requests: int = 3
+    modules: tuple[Path, ...] = ()  # modules the spec EXTENDS or INSTANCEs (copied beside it)
 
     @property
     def properties(self) -> tuple[str, ...]:
@@ -201,7 +202,8 @@ def _tlc(sweep: Sweep, row: SweepRow, work: Path, tag: str, inv: Sequence[str],
          props: Sequence[str], extra: tuple[str, ...]) -> TLCResult:  # fmt: skip
     d = work / row.name / tag
     d.mkdir(parents=True, exist_ok=True)
-    shutil.copy(sweep.spec, d / sweep.spec.name)
+    for module in (sweep.spec, *sweep.modules):
+        shutil.copy(module, d / module.name)
     cfg = d / sweep.spec.with_suffix(".cfg").name
     cfg.write_text(row.cfg_text(inv, props))
     return run_tlc(d / sweep.spec.name, cfg, extra_args=extra, timeout_s=300, log_dir=d / "tlc")

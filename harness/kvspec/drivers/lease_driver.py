@@ -70,10 +70,10 @@ class _Clock:
 
 
 @contextlib.contextmanager
-def controlled_clock(clock: _Clock) -> Iterator[None]:
+def controlled_clock(clock: _Clock, modules: tuple[str, ...] = CLOCKED) -> Iterator[None]:
     import importlib
 
-    mods = [importlib.import_module(m) for m in CLOCKED]
+    mods = [importlib.import_module(m) for m in modules]
     saved = [m.time for m in mods]
     for m in mods:
         m.time = clock  # type: ignore[attr-defined]

