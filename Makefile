@@ -57,8 +57,8 @@ test: venv-vllm lint
 test-full:
 	$(MAKE) test VLLM_SAMPLE= PYTEST_MARK=
 
-# The design-review artifact: trace coverage, the mutation campaign, the lease-clock sweep
-# (spec/LeaseClock.tla), the decode side's sweep and its conformance (spec/Decode.tla), then
+# The design-review artifact: trace coverage, the mutation campaign, the lease-clock sweeps
+# (spec/LeaseClock.tla, spec/KVClock.tla), the decode side's sweep and its conformance (spec/Decode.tla), then
 # `kvspec review`
 # (full matrix + conformance on the installed vLLM) writes report/index.html + REPORT.md.
 review: venv-vllm
@@ -68,6 +68,7 @@ review: venv-vllm
 	$(VENV)/bin/kvspec mutants --json build/mutants.json
 	$(VENV)/bin/kvspec lease --json build/lease.json
 	$(VENV)/bin/kvspec lease --conform --json build/lease-conform.json
+	$(VENV)/bin/kvspec clock --tier full --json build/clock.json
 	$(VENV)/bin/kvspec decode --json build/decode.json
 	$(VENV)/bin/kvspec decode --conform --tier full
 	$(VENV)/bin/kvspec review --out report/

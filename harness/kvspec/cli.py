@@ -193,8 +193,13 @@ def add_review_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--mutants-json", type=Path, default=Path("build/mutants.json"))
     p.add_argument("--lease-json", type=Path, default=Path("build/lease.json"))
     p.add_argument("--decode-json", type=Path, default=Path("build/decode.json"))
-    p.add_argument("--versions-json", type=Path, default=Path("build/versions.json"),
-                   help="`make versions` results (the report's release table)")
+    p.add_argument("--clock-json", type=Path, default=Path("build/clock.json"))
+    p.add_argument(
+        "--versions-json",
+        type=Path,
+        default=Path("build/versions.json"),
+        help="`make versions` results (the report's release table)",
+    )
     p.add_argument("--decode-dir", type=Path, default=Path("build/decode"),
                    help="kvspec decode --out: its counterexamples")  # fmt: skip
     p.add_argument(

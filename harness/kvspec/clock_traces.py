@@ -111,7 +111,7 @@ def step_of(a: dict[str, Any], b: dict[str, Any], action: str) -> tuple[str, tup
         raise ValueError("store_complete changed no store")
     if action == "heartbeat":
         if a["hs"] != b["hs"]:
-            return "skip", ()  # starts the handshake: nothing is sent
+            return "heartbeat_swallowed", ()  # starts the handshake: nothing is sent
         return action, (_lost(a, b),)
     raise ValueError(f"unknown KVClock action {action!r}")
 
@@ -173,8 +173,7 @@ def replay_clock(
         try:
             b = {**states[i], "#sources": sources, "#extend": extend}
             name, args = step_of(states[i - 1], b, action)
-            if name != "skip":
-                getattr(driver, name)(*args)
+            getattr(driver, name)(*args)
         except MissingAction as exc:
             return ClockReplay(i - 1, f"step {i} ({action}): vLLM cannot: {exc}")
         except WaitTimeout as exc:

@@ -110,10 +110,18 @@ def from_values(row: ModelRow, values: Mapping[str, Value]) -> State:
         if not isinstance(rec, Record):
             raise ValueError(f"steps element is not a record: {rec!r}")
         steps.append(
-            Step(_reqs(rec["batch"]), _reqs(rec["toSend"]), _reqs(rec["notProc"]),
-                 _reqs(rec["fin"]), _reqs(rec["jobs"]), _reqs(rec["flush"]),
-                 _reqs(rec["reused"]), bool(rec["ran"]), _per_rank(w, rec["out"]),
-                 _per_rank(w, rec["ack"]))  # fmt: skip
+            Step(
+                _reqs(rec["batch"]),
+                _reqs(rec["toSend"]),
+                _reqs(rec["notProc"]),
+                _reqs(rec["fin"]),
+                _reqs(rec["jobs"]),
+                _reqs(rec["flush"]),
+                _reqs(rec["reused"]),
+                bool(rec["ran"]),
+                _per_rank(w, rec["out"]),
+                _per_rank(w, rec["ack"]),
+            )  # fmt: skip
         )
     pub = values["published"]
     if not isinstance(pub, frozenset):

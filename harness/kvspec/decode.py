@@ -37,8 +37,12 @@ DECODE = Sweep(
         Const("ReadFail", "read_fail", "bool"),
         Const("FullHit", "full_hit", "bool"),
         Const("Abort", "abort", "bool"),
-        Const("Composition", "composition", "str",
-              ("nixl", "multi-nixl-lmcache", "multi-nixl-example")),  # fmt: skip
+        Const(
+            "Composition",
+            "composition",
+            "str",
+            ("nixl", "multi-nixl-lmcache", "multi-nixl-example"),
+        ),  # fmt: skip
         Const("AsyncScheduling", "async_scheduling", "bool"),
         Const("Handshake", "handshake", "bool"),
         Const("InStepEnd", "in_step_end", "bool"),

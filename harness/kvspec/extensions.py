@@ -67,7 +67,7 @@ def _extension(raw: dict[str, object], where: str) -> Extension:
         raise ValueError(f"{where}: async_scheduling must be true or false")
     transfer = raw.get("transfer", "pull")
     if transfer not in ("pull", "push"):
-        raise ValueError(f"{where}: transfer must be \"pull\" or \"push\", got {transfer!r}")
+        raise ValueError(f'{where}: transfer must be "pull" or "push", got {transfer!r}')
     timing = raw.get("timing", "guarded")
     if timing not in TIMINGS:
         raise ValueError(f"{where}: timing must be one of {', '.join(TIMINGS)}, got {timing!r}")

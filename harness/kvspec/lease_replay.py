@@ -59,9 +59,7 @@ def overtakes(doc: dict[str, JSON]) -> bool:
     step after which the READ is still in progress. The lease driver must then inject that
     ordering at its NIXL seam (`LeaseDriver(notif_first=True)`)."""
     raw: Any = doc["states"]
-    return any(
-        s["#meta"]["action"] == "deliver" and "reading" in s["d"] for s in list(raw)[1:]
-    )
+    return any(s["#meta"]["action"] == "deliver" and "reading" in s["d"] for s in list(raw)[1:])
 
 
 def replay_lease(doc: dict[str, JSON], driver: Any) -> LeaseReplay:

@@ -29,8 +29,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", type=Path, default=Path("kvspec-record"),
                    help="where the engine's processes write their NDJSON")  # fmt: skip
     p.add_argument("--summary", action="store_true", help="summarise the recording in --dir")
-    p.add_argument("--compact", type=Path, metavar="OUT",
-                   help="write --dir without its idle producer steps to OUT (same spec log)")
+    p.add_argument(
+        "--compact",
+        type=Path,
+        metavar="OUT",
+        help="write --dir without its idle producer steps to OUT (same spec log)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

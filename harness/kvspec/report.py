@@ -165,8 +165,14 @@ def design_matrix(results: list[Mapping[str, JSON]]) -> dict[str, Any]:
                 out.append(None)
                 continue
             text = ", ".join(sorted(set(found["violated"]))) or "all hold"
-            out.append({"text": text, "bad": bool(found["violated"]),
-                        "mismatch": found["mismatch"], "models": sorted(found["models"])})
+            out.append(
+                {
+                    "text": text,
+                    "bad": bool(found["violated"]),
+                    "mismatch": found["mismatch"],
+                    "models": sorted(found["models"]),
+                }
+            )
         rows.append({"key": key, "cells": out})
     return {"compositions": comps, "rows": rows}
 
@@ -312,6 +318,10 @@ def _env() -> jinja2.Environment:
     return env
 
 
+_NO_SWEEPS: dict[str, Any] = {
+    "lease": {"rows": None}, "clock": {"rows": None}, "decode": {"rows": None, "cexes": []},
+}  # fmt: skip
+
 def build_report(
     check: dict[str, Any],
     conform: dict[str, Any] | None,
@@ -333,7 +343,7 @@ def build_report(
         conform=_conform_context(conform),
         traces=_traces_context(traces),
         mutants=_mutants_context(mutants),
-        sweeps=sweeps or {"lease": {"rows": None}, "decode": {"rows": None, "cexes": []}},
+        sweeps=sweeps or _NO_SWEEPS,
         versions=vers,
         commands=COMMANDS,
         generated=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),

@@ -1,7 +1,7 @@
-"""The report's sweep sections: `kvspec lease` and `kvspec decode` results (their JSON) and
-the decode side's counterexamples drawn as a round trip, one lane per engine part: D's
-scheduler, D's workers, the producer ranks (the ITF files `kvspec decode` keeps under its
---out directory)."""
+"""The report's sweep sections: `kvspec lease`, `kvspec clock` and `kvspec decode` results
+(their JSON) and the decode side's counterexamples drawn as a round trip, one lane per engine
+part: D's scheduler, D's workers, the producer ranks (the ITF files `kvspec decode` keeps
+under its --out directory)."""
 
 from __future__ import annotations
 
@@ -100,11 +100,12 @@ def release_rows(path: Path) -> list[dict[str, str]] | None:
 def sweeps_context(
     lease_json: Path, decode_json: Path, decode_dir: Path,
     versions_json: Path = Path("build/versions.json"),
+    clock_json: Path = Path("build/clock.json"),
 ) -> dict[str, Any]:  # fmt: skip
-    """{lease, decode, releases}: rows (None when that sweep's JSON is missing) and, for
+    """{lease, clock, decode, releases}: rows (None when that sweep's JSON is missing) and, for
     decode, each violated invariant's counterexample as lanes."""
     out: dict[str, Any] = {"releases": release_rows(versions_json)}
-    for name, path in (("lease", lease_json), ("decode", decode_json)):
+    for name, path in (("lease", lease_json), ("clock", clock_json), ("decode", decode_json)):
         data = _load(path)
         out[name] = {
             "rows": None if data is None else _rows(data),

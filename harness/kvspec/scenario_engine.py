@@ -78,8 +78,11 @@ def serve(a: argparse.Namespace) -> None:
         params = cmd.get("params") or [None] * len(cmd["prompts"])
         sps = []
         for p in params:
-            kvp = p if p is not None else (
-                {"do_remote_decode": True} if cmd.get("remote_decode") else None)
+            kvp = (
+                p
+                if p is not None
+                else ({"do_remote_decode": True} if cmd.get("remote_decode") else None)
+            )
             sps.append(SamplingParams(
                 # greedy: dummy weights give near-uniform logits, so a sampled token would
                 # differ between the P/D run and the local one by chance
@@ -114,7 +117,8 @@ def _generate(llm: Any, prompts: list[Any], sps: list[Any], tag: str,
             break
     return [
         {"tokens": list(done[r].outputs[0].token_ids), "params": done[r].kv_transfer_params}
-        if r in done else {"tokens": [], "params": None, "aborted": True}
+        if r in done
+        else {"tokens": [], "params": None, "aborted": True}
         for r in ids
     ]
 

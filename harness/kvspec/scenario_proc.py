@@ -29,7 +29,11 @@ class EngineProc:
         self.grace_s = grace_s  # how long `close` lets the engine shut down by itself
         self._log = log.open("wb")
         self.proc = subprocess.Popen(
-            args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+            args,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
             start_new_session=True,
         )
         self._lines: queue.Queue[str | None] = queue.Queue()

@@ -430,4 +430,3 @@ def parse_state(text: str) -> dict[str, Value]:
             raise TLCValueError(f"variable {name} assigned twice")
         state[name] = p.value()
     return state
-

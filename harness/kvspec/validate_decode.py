@@ -85,8 +85,13 @@ def trace_cfg(consts: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def check_bug(m: DecodeMapped, bug: str, work: Path, timeout_s: float = 300,
-              extra: dict[str, str] | None = None) -> DesignVerdict:
+def check_bug(
+    m: DecodeMapped,
+    bug: str,
+    work: Path,
+    timeout_s: float = 300,
+    extra: dict[str, str] | None = None,
+) -> DesignVerdict:
     """TLC on DecodeTrace for design `bug`; `extra` overrides constants (a model variant,
     e.g. InStepEnd = FALSE: Decode.tla before a recorded real run showed in-step ends)."""
     d = work / bug

@@ -82,7 +82,7 @@ def test_step_of_reads_the_request_and_rank_off_the_change() -> None:
     )  # fmt: skip
     a, b = _st(), _st(land=frozenset({(1, 0)}))
     assert step_of(a, b, "consumer_read_done") == ("consumer_read_done", (1, 0))
-    assert step_of(_st(hs=False), _st(), "heartbeat") == ("skip", ())
+    assert step_of(_st(hs=False), _st(), "heartbeat") == ("heartbeat_swallowed", ())
 
 
 def test_a_heartbeats_lost_messages_are_read_off_its_effect() -> None:

@@ -16,11 +16,9 @@ and in the driver's own view of them, by a clock the driver advances (lease_driv
 Observed: KVCompletion's variables as `VllmDriver.observe` reads them (`expired`: deadline
 passed on the controlled clock), `ttl` of every installed lease (whole ticks to its
 deadline; 0 elsewhere, where the spec's TTL is not yet or no longer a worker's) and `land`
-(READs D reported). Not driven: the first heartbeat's handshake (`hs`; D's workers handshook
-when the cluster was built, so it is a step with nothing to send), a notification
-overtaking its READ (lease_driver.EarlyNotifs does it for LeaseClock), and a heartbeat
-that loses some but not all messages of a step with several producer agents (the trace does
-not say which).
+(READs D reported). The first heartbeat's handshake (`hs`) is driven at the handshake seam
+(`heartbeat_swallowed`). Not driven: a notification
+overtaking its READ (lease_driver.EarlyNotifs does it for LeaseClock).
 """
 
 from __future__ import annotations
@@ -31,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvspec.drivers.base import MissingAction
+from kvspec.drivers.decode_seams import HeldHandshake
 from kvspec.drivers.lease_driver import CLOCKED, TICK_S, _Clock, controlled_clock
 from kvspec.drivers.vllm_driver import VllmDriver
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
@@ -155,6 +154,50 @@ class ClockDriver:
             )
             if w not in lost:
                 c.nixl_worker(w)._handle_heartbeat(msg.decode()[3:])
+
+    def heartbeat_swallowed(self) -> None:
+        """KVClock `heartbeat` while D has not handshaken the producer engine (`hs`): D's
+        first heartbeat starts the proactive handshake and is not sent. Driven at the seam
+        decode_seams.HeldHandshake uses: the engine is taken out of each D worker's
+        `_remote_agents` (D's cluster handshook when it was built), vLLM's own
+        `_send_heartbeats` -> `_ensure_handshake` runs, and only the network exchange is
+        replaced (it returns the agents already registered). vLLM must send nothing: D's
+        `send_notif` is watched during the call."""
+        tracked = self.tracked()
+        if not tracked:
+            raise MissingAction("heartbeat: D tracks no request")
+        api, c = self.vd.c.api, self.vd.c
+        sent: list[bytes] = []
+        for cons in c.consumers:
+            cw = cons.connector_worker
+            held = HeldHandshake(cw, c.engine_id, self.waits)
+            real_send = cw.nixl_wrapper.send_notif
+            own = "send_notif" in vars(cw.nixl_wrapper)  # already an instance attribute
+
+            def spy(agent: Any, notif_msg: bytes = b"", _real: Any = real_send) -> Any:
+                sent.append(bytes(notif_msg))
+                return _real(agent, notif_msg=notif_msg)
+
+            cw.nixl_wrapper.send_notif = spy
+            try:
+                meta = api.NixlConnectorMetadata()
+                meta.heartbeat_by_engine = {
+                    c.engine_id: api.HeartbeatInfo(
+                        req_ids={req_id(r) for r in tracked}, host="127.0.0.1", port=0,
+                        tp_size=self.row.topology.tp,
+                    )
+                }  # fmt: skip
+                cw._send_heartbeats(meta)
+                pending = held.state() == "pending"
+                held.release()
+            finally:
+                if own:
+                    cw.nixl_wrapper.send_notif = real_send
+                else:
+                    del cw.nixl_wrapper.send_notif
+                held.restore()
+            if not pending or any(m.startswith(b"HB:") for m in sent):
+                raise MissingAction("heartbeat: D sent its first heartbeat (no handshake started)")
 
     def tick(self) -> None:
         """KVClock `tick`: kv_lease_duration / 6 passes."""

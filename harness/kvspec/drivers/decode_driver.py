@@ -410,6 +410,7 @@ class DecodeDriver:
                 "fail": {w: rs(failed_recving(kv[w])) for w in ranks} if kv else none,
                 "send": none,
             }  # fmt: skip
+
         pin = self._pin()
         p_held = {(p, r): req_id(r) in self.p.c.nixl_worker(p)._reqs_to_send for p in pranks
                   for r in reqs}  # fmt: skip
@@ -420,16 +421,24 @@ class DecodeDriver:
             "crashed": self.crashed,
             "steps": {i: step_view(st) for i, st in enumerate(self.steps, start=1)},
             "cleanup": rs(sched._reqs_need_recv),
-            "reg": {w: rs(self.p.c.consumer_nixl(w).connector_worker._recving_metadata)
-                    for w in ranks},  # fmt: skip
-            "xf": {w: rs(self.p.c.consumer_nixl(w).connector_worker._recving_transfers)
-                   for w in ranks},  # fmt: skip
+            "reg": {
+                w: rs(self.p.c.consumer_nixl(w).connector_worker._recving_metadata) for w in ranks
+            },  # fmt: skip
+            "xf": {
+                w: rs(self.p.c.consumer_nixl(w).connector_worker._recving_transfers) for w in ranks
+            },  # fmt: skip
             "h": {w: {r: {p: self._h(w, r, p) for p in pranks} for r in reqs} for w in ranks},
             "rem": {r: self.agg._recv_remaining_count.get(dreq(r), 0) for r in reqs},
             "hsd": {w: self.hs[w].state() if self.hs else "done" for w in ranks},
-            "rdy": {w: frozenset((int(rid.split("-")[1]), aw) for rid, aw in self.hs[w].ready())
-                    if self.hs else frozenset() for w in ranks},  # fmt: skip
+            "rdy": {
+                w: frozenset((int(rid.split("-")[1]), aw) for rid, aw in self.hs[w].ready())
+                if self.hs
+                else frozenset()
+                for w in ranks
+            },  # fmt: skip
             "pin": {p: {r: pin.get((p, r), 0) for r in reqs} for p in pranks},
-            "pst": {p: {r: "held" if p_held[(p, r)] else self.pst.get((p, r), "?")
-                        for r in reqs} for p in pranks},  # fmt: skip
+            "pst": {
+                p: {r: "held" if p_held[(p, r)] else self.pst.get((p, r), "?") for r in reqs}
+                for p in pranks
+            },  # fmt: skip
         }

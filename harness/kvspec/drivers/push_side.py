@@ -77,9 +77,9 @@ class PushSide:
     listener: Any  # scheduler-role NixlPushConnector (kv_consumer) serving D's metadata
     held: list[HeldWrites] = field(default_factory=list)
 
-    def registration(self, rid: str, local_block: int, producer: str, p_port: int, tp: int) -> (
-        dict[str, Any]
-    ):
+    def registration(
+        self, rid: str, local_block: int, producer: str, p_port: int, tp: int
+    ) -> dict[str, Any]:
         """What D's push scheduler stages for rid (push_scheduler.py:175-189)."""
         return {
             "request_id": rid,
@@ -170,9 +170,11 @@ def reset_producer(nw: Any, held: HeldWrites, waits: Waits) -> None:
         nw._evict_finished_inbox.put(rid)
     nw._push_writer_wake.set()
     waits.until(
-        lambda: nw._evict_finished_inbox.empty()
-        and not nw._push_finished_blocks
-        and not nw._pending_d_registrations,
+        lambda: (
+            nw._evict_finished_inbox.empty()
+            and not nw._push_finished_blocks
+            and not nw._pending_d_registrations
+        ),
         "the push writer to drop the previous trace's blocks",
     )
 
@@ -187,9 +189,9 @@ def reset_consumer(cw: Any) -> None:
     cw.consumer_notification_counts_by_req.clear()
 
 
-def build(api: SimpleNamespace, dcfg: Any, nixl_worker: Any, cluster: Any, waits: Waits) -> (
-    PushSide
-):
+def build(
+    api: SimpleNamespace, dcfg: Any, nixl_worker: Any, cluster: Any, waits: Waits
+) -> PushSide:
     """The push half of a cluster whose decode workers (NixlPushConnector, kv_consumer)
     have already handshaken with the producer: D's side channel, every published producer
     rank's handshake with D, and the held WRITEs of every producer rank."""

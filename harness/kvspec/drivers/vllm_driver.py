@@ -281,9 +281,7 @@ class VllmDriver(PushActions, Driver):
         st.outputs = [self._run_rank(w, st) for w in range(self.W)]
         st.out = tuple(self._reqs(o.kv_connector_output.finished_sending or ()) for o in st.outputs)
         empty: frozenset[int] = frozenset()
-        st.ack = tuple(
-            ov.acks(o, self.jobmap) if self._offload() else empty for o in st.outputs
-        )
+        st.ack = tuple(ov.acks(o, self.jobmap) if self._offload() else empty for o in st.outputs)
         st.ran = True
 
     def update_from_output(self) -> None:

@@ -286,8 +286,7 @@ _ALL = [
         "push-expired-write-reported",
         "push mode: a WRITE that completes after its lease expired is reported again",
         f"{PUSH_WORKER}.get_transfer_results",
-        "rule: push reaper (push_worker.py:831-833, 'Expired requests were already "
-        "reported')",
+        "rule: push reaper (push_worker.py:831-833, 'Expired requests were already reported')",
         # Killed by the extension push-write-outlives-lease (Timing = "untimed": the
         # lease passes under the WRITE); under the timing guards no WRITE outlives its lease.
         pu.expired_write_reported,

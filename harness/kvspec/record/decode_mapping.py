@@ -125,8 +125,9 @@ def map_decode(events: list[Event], engine: str | None = None) -> DecodeMapped:
     for e in sorted((e for e in events if e.engine == d and e.role == "worker"),
                     key=lambda e: (e.rank, e.pid, e.seq)):  # fmt: skip
         if e.call == "read" and e.reqs and e.reqs[0] in reqs:
-            reads[(e.rank, count[e.rank] + 1)].add((reqs[e.reqs[0]],
-                                                    int(e.result.get("remote_rank", 0))))
+            reads[(e.rank, count[e.rank] + 1)].add(
+                (reqs[e.reqs[0]], int(e.result.get("remote_rank", 0)))
+            )
         elif e.call == "get_transfer_results":
             count[e.rank] += 1
             report[(e.rank, count[e.rank])] = e

@@ -58,9 +58,11 @@ def report_on_rank(events: list[Event], producer: str, rid: str, src: int, dst: 
     m = ranks_dst[k]
     out = list(events)
     e = out[n]
-    out[n] = replace(e, result={**e.result,
-                                "finished_sending": sorted(e.ids("finished_sending") - {rid})})
+    out[n] = replace(
+        e, result={**e.result, "finished_sending": sorted(e.ids("finished_sending") - {rid})}
+    )
     f = out[m]
-    out[m] = replace(f, result={**f.result,
-                                "finished_sending": sorted(f.ids("finished_sending") | {rid})})
+    out[m] = replace(
+        f, result={**f.result, "finished_sending": sorted(f.ids("finished_sending") | {rid})}
+    )
     return out

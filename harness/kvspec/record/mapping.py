@@ -169,8 +169,10 @@ KEEP_IDLE = 2
 
 
 def _idle(e: SpecEvent) -> bool:
-    return (e.a == "schedule" and not e.batch) or (e.a == "execute" and not any(e.out)) or (
-        e.a == "update" and not e.freed and not e.fin
+    return (
+        (e.a == "schedule" and not e.batch)
+        or (e.a == "execute" and not any(e.out))
+        or (e.a == "update" and not e.freed and not e.fin)
     )
 
 
