@@ -269,3 +269,25 @@ def run_clock_conform(sweep: Sweep, args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([r.to_json() for r in results], indent=1) + "\n")
     return 1 if any(r.divergences for r in results) else 0
+
+
+CLOCK_REGRESSIONS = Path(__file__).resolve().parents[2] / "conformance" / "clock"
+
+
+def regression_row(path: Path, rows: dict[str, SweepRow]) -> SweepRow:
+    """A kept counterexample `<row>-<Property>.itf.json`: its matrix row."""
+    stem = path.name.removesuffix(".itf.json")
+    name = next((n for n in sorted(rows, key=len, reverse=True) if stem.startswith(n + "-")), None)
+    if name is None:
+        raise ValueError(f"{path}: names no row of spec/clock-matrix.toml; rename it <row>-<prop>")
+    return rows[name]
+
+
+def replay_regression(
+    path: Path, row: SweepRow, make_driver: DriverFactory = _vllm_clock_driver
+) -> ClockReplay:
+    """Replay one kept KVClock counterexample on the real classes."""
+    doc = json.loads(path.read_text())
+    mrow = model_row(row)
+    with make_driver(mrow, PATCH[str(row.consts["Variant"])], 1.0) as driver:
+        return replay_clock(doc, driver, _sources(mrow), int(row.consts["Extend"]))

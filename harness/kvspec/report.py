@@ -322,6 +322,7 @@ _NO_SWEEPS: dict[str, Any] = {
     "lease": {"rows": None}, "clock": {"rows": None}, "decode": {"rows": None, "cexes": []},
 }  # fmt: skip
 
+
 def build_report(
     check: dict[str, Any],
     conform: dict[str, Any] | None,

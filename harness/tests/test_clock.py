@@ -41,14 +41,14 @@ def test_bad_matrix_is_one_line_and_exit_2(
 
 
 @pytest.mark.skipif(shutil.which("java") is None, reason="java not installed")
-@pytest.mark.parametrize("name", ["tp1-wait80s-hb-ok", "tp1-wait80s-3-lost"])
+@pytest.mark.parametrize("name", ["tp1-wait80s-hb-ok", "tp1-wait30s-hb-lost"])
 def test_tlc_verdicts_are_the_expected_ones(name: str, tmp_path: Path) -> None:
     res = check_sweep_row(CLOCK, ROWS[name], tmp_path)
     if res.inconclusive:  # TLC timed out on a loaded machine: no verdict either way
         pytest.skip(f"inconclusive: {res.inconclusive}")
     assert res.unexpected == [], res.verdicts
     if res.verdicts["NoFreeUnderRead"] == "violated":
-        # the shortest counterexample: three heartbeats lost, the deadline passes at a
+        # the shortest counterexample: no heartbeat got through, the deadline passes at a
         # tick, P's next step reaps the lease and update_from_output frees the blocks
         # while D has yet to land its READ
         doc = json.loads((tmp_path / name / "NoFreeUnderRead.itf.json").read_text())
@@ -56,7 +56,6 @@ def test_tlc_verdicts_are_the_expected_ones(name: str, tmp_path: Path) -> None:
         assert last["req"] == ["freed"] and last["land"] == {"#set": []}
         assert any(s["#meta"].get("action") == "tick" and s["expired"]["#map"][0][1]["#set"]
                    for s in states)  # fmt: skip
-        assert states[-1]["lost"] == 3
 
 
 def _st(**kw: Any) -> dict[str, Any]:

@@ -68,7 +68,7 @@ def test_a_sample_conforms_and_heartbeat_mutants_diverge(graph: StateGraph, muta
     mrow = model_row(row)
     with patched(Base("v0.30-shipped"), MUTANTS[mutant].patch):
         with ClockDriver(mrow) as driver:
-            res = replay_clock(doc, driver, _sources(mrow))
+            res = replay_clock(doc, driver, _sources(mrow), row.ints["Extend"])
     if res.timeout is not None:
         pytest.skip(f"inconclusive: {res.timeout}")
     assert res.divergence is not None and "ttl" in res.divergence

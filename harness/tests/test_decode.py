@@ -31,7 +31,9 @@ def test_every_bug_is_a_known_bad_row_and_shipped_rows_hold() -> None:
     assert {(r.consts["PTP"], r.consts["DTP"]) for r in shipped} == {(1, 1), (1, 2), (2, 1), (2, 2)}
     assert {r.consts["Policy"] for r in shipped} == {"fail", "recompute"}
     assert {r.consts["Composition"] for r in shipped} == {
-        "nixl", "multi-nixl-lmcache", "multi-nixl-example"
+        "nixl",
+        "multi-nixl-lmcache",
+        "multi-nixl-example",
     }
 
 

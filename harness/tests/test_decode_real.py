@@ -100,7 +100,8 @@ def test_negative_control_a_read_kept_past_its_step_diverges() -> None:
     # The same trace with the driver told nothing of the in-step end (the READ stays in
     # progress at the poll): the step that should report the request does not.
     name, row, trace = next(
-        t for t in _traces("conf-decode-d1-fail-instep")
+        t
+        for t in _traces("conf-decode-d1-fail-instep")
         if any(a.startswith("execute(") and a.endswith(".done)") for a, _ in t[2])
     )
     at = next(i for i, (a, _) in enumerate(trace) if a.startswith("execute("))

@@ -184,7 +184,12 @@ def test_heartbeat_lease_expire_store_complete_abort(safe: dict[str, Any]) -> No
         _mutated(s4, "heartbeat(1)", hb={"#set": [1]}),
         _mutated(s4, "lease_expire(1, 0)", hb={"#set": [1]}, lease=one, expired=one),
         _mutated(
-            s4, "store_complete(1, 0)", hb={"#set": [1]}, lease=one, expired=one, store=none,
+            s4,
+            "store_complete(1, 0)",
+            hb={"#set": [1]},
+            lease=one,
+            expired=one,
+            store=none,
             stored=one,
         ),
     ]

@@ -29,7 +29,7 @@ def test_matrix_rows_cover_the_sweep_and_fast_rows_exist() -> None:
     [
         ('[[row]]\nname = "a"\nqmax = -1\n', "qmax must be a non-negative integer"),
         ('[[row]]\nname = "a"\nqmax = 1\nbogus = 1\n', "unknown key(s) bogus"),
-        ('[[row]]\nqmax = 1\n', "needs a name"),
+        ("[[row]]\nqmax = 1\n", "needs a name"),
         ('[[row]]\nname = "a"\nqmax = 1\nrmax = 1\nexpect = {Foo = "holds"}\n', "expect {'Foo'"),
     ],
 )

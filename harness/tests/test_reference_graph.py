@@ -50,17 +50,36 @@ MODELS = [
     ModelRow("fixed-push-pcp2", "fixed", "nixl", Topology(1, 1, 2), 2, 1, True, transfer="push"),
     ModelRow("shipped-sharded", "v0.30-shipped", "nixl", Topology(1, 1, 2), 1, 1, True, dcp=2),
     ModelRow(
-        "shipped-early-break-cap2", "v0.30-shipped", "nixl", Topology(1, 1, 1), 2, 2, True,
+        "shipped-early-break-cap2",
+        "v0.30-shipped",
+        "nixl",
+        Topology(1, 1, 1),
+        2,
+        2,
+        True,
         reaper="early-break",
     ),
     # Timing = "untimed" (no timing guards): leases pass under READs and WRITEs.
     ModelRow(
-        "shipped-untimed-pcp2-r2", "v0.30-shipped", "nixl", Topology(1, 1, 2), 2, 1, True,
+        "shipped-untimed-pcp2-r2",
+        "v0.30-shipped",
+        "nixl",
+        Topology(1, 1, 2),
+        2,
+        1,
+        True,
         timing="untimed",
     ),
     ModelRow(
-        "fixed-push-untimed", "fixed", "nixl", Topology(1, 1, 1), 2, 1, True,
-        transfer="push", timing="untimed",
+        "fixed-push-untimed",
+        "fixed",
+        "nixl",
+        Topology(1, 1, 1),
+        2,
+        1,
+        True,
+        transfer="push",
+        timing="untimed",
     ),
 ]
 
@@ -174,6 +193,7 @@ def test_parse_dot_escapes_and_stutter() -> None:
 
 def test_pipeline_depth_is_vllms_max_concurrent_batches() -> None:
     """config/vllm.py max_concurrent_batches: PP; async: PP + 1 (V2 runner), 2 (V1, PP 1)."""
+
     def depth(pp: int, asy: bool, runner: str) -> int:
         r = ModelRow("d", "fixed", "nixl", Topology(1, pp, 1), 1, 1, asy, runner=runner)
         return pipeline_depth(r)

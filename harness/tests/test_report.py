@@ -358,16 +358,24 @@ def test_design_matrix_names_violations_per_cell() -> None:
     from kvspec.report import design_matrix
 
     def res(model: str, comp: str, prop: str, verdict: str, expected: str) -> dict[str, object]:
-        return {"model": model, "variant": "v0.30-shipped", "composition": comp,
-                "topology": {"tp": 1, "pp": 1, "pcp": 2}, "property": prop,
-                "verdict": verdict, "expected": expected}
+        return {
+            "model": model,
+            "variant": "v0.30-shipped",
+            "composition": comp,
+            "topology": {"tp": 1, "pp": 1, "pcp": 2},
+            "property": prop,
+            "verdict": verdict,
+            "expected": expected,
+        }
 
-    m = design_matrix([
-        res("a", "nixl", "TypeOK", "holds", "holds"),
-        res("a", "nixl", "NoStall", "violated", "violated"),
-        res("a", "nixl", "ReachSending", "violated", "violated"),  # vacuity guard: not shown
-        res("b", "multi-nixl-hf3fs", "TypeOK", "violated", "holds"),
-    ])
+    m = design_matrix(
+        [
+            res("a", "nixl", "TypeOK", "holds", "holds"),
+            res("a", "nixl", "NoStall", "violated", "violated"),
+            res("a", "nixl", "ReachSending", "violated", "violated"),  # vacuity guard: not shown
+            res("b", "multi-nixl-hf3fs", "TypeOK", "violated", "holds"),
+        ]
+    )
     assert m["compositions"] == ["nixl", "multi-nixl-hf3fs"]
     (row,) = m["rows"]
     nixl, delaying = row["cells"]

@@ -43,8 +43,7 @@ def test_non_json_lines_are_skipped(tmp_path: Path) -> None:
 
 
 def test_a_scenario_whose_engines_never_start_is_inconclusive(tmp_path: Path) -> None:
-    r = run_scenario(SCENARIOS["pd-basic"], tmp_path, start_s=0.2, engine_cmd=NEVER,
-                     grace_s=0.1)
+    r = run_scenario(SCENARIOS["pd-basic"], tmp_path, start_s=0.2, engine_cmd=NEVER, grace_s=0.1)
     assert r.verdict == "inconclusive" and r.detail.startswith("timeout: no answer")
 
 

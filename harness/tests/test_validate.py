@@ -51,8 +51,10 @@ def _index_of(events: list, pred: object) -> int:
     [
         # the report that lost its request is explainable (the notification may come
         # later); the scheduler's finished_sending of it then is not
-        (lambda ev: doctored.drop_finished_sending(ev, "P", "a"),
-         lambda e: e.a == "update" and e.freed),
+        (
+            lambda ev: doctored.drop_finished_sending(ev, "P", "a"),
+            lambda e: e.a == "update" and e.freed,
+        ),
         # the free moved before the READ: the update that frees
         (lambda ev: doctored.free_before_read(ev, "P", "a"), lambda e: e.a == "update" and e.freed),
     ],

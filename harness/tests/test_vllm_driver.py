@@ -69,8 +69,6 @@ def run(d: Driver, *actions: str) -> None:
         d.step(Action.parse(a))
 
 
-
-
 @pytest.fixture
 def nixl1() -> Iterator[VllmDriver]:
     with VllmDriver(row()) as d:

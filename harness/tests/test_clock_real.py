@@ -1,0 +1,47 @@
+"""KVClock's kept counterexamples (conformance/clock/) replayed on the real classes: in
+vLLM 0.32 the producer engine frees a request's blocks while D has yet to READ them, step
+for step as TLC found it (three heartbeat messages lost, #21570; TP 2 with every message
+lost; PCP 2 with #53903's fix). Negative control: where the reaper never reaps (mutant
+`lease-never-expires`), the free at the trace's end cannot happen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kvspec.clock import CLOCK
+from kvspec.clock_traces import CLOCK_REGRESSIONS, regression_row, replay_regression
+from kvspec.sweep import load_sweep_matrix
+
+ROWS = {r.name: r for r in load_sweep_matrix(CLOCK)}
+KEPT = sorted(CLOCK_REGRESSIONS.glob("*.itf.json"))
+
+
+def test_every_kept_counterexample_names_a_row() -> None:
+    assert len(KEPT) >= 3
+    for path in KEPT:
+        assert regression_row(path, ROWS).expect["NoFreeUnderRead"] == "violated"
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("path", KEPT, ids=lambda p: p.name.removesuffix(".itf.json"))
+def test_the_free_before_the_read_happens_in_vllm(path: Path) -> None:
+    pytest.importorskip("nixl")
+    res = replay_regression(path, regression_row(path, ROWS))
+    if res.timeout is not None:
+        pytest.skip(f"inconclusive: {res.timeout}")
+    assert res.divergence is None, res.divergence
+
+
+@pytest.mark.vllm
+def test_negative_control_a_reaper_that_never_reaps_cannot_free() -> None:
+    pytest.importorskip("nixl")
+    from kvspec.mutations import Base, patched
+    from kvspec.mutations.catalogue import MUTANTS
+
+    path = next(p for p in KEPT if p.name.startswith("tp1-"))  # the shipped design's
+    with patched(Base("v0.30-shipped"), MUTANTS["lease-never-expires"].patch):
+        res = replay_regression(path, regression_row(path, ROWS))
+    if res.timeout is not None:
+        pytest.skip(f"inconclusive: {res.timeout}")
+    assert res.divergence is not None
