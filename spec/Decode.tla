@@ -38,6 +38,8 @@ CONSTANTS
     Handshake,    \* D's workers start without a NIXL handshake with the producer engine
                   \* (a first contact): its requests' READs wait for the background
                   \* handshake; FALSE: handshaken before any request (the drivers' set-up)
+    HandshakeFail,\* the background handshake may fail (the producer's side channel is
+                  \* down, a metadata mismatch): its deferred entries fail
     Bug           \* "none" (0.32 as shipped) or a bug of the history re-introduced
 
 Bugs == {"none", "abort-frees-at-once", "full-hit-registered", "failure-only-logged",
@@ -49,7 +51,7 @@ ASSUME
     /\ Composition \in {"nixl", "multi-nixl-lmcache", "multi-nixl-example"}
     /\ Bug \in Bugs
     /\ AsyncScheduling \in BOOLEAN
-    /\ Handshake \in BOOLEAN /\ InStepEnd \in BOOLEAN
+    /\ Handshake \in BOOLEAN /\ InStepEnd \in BOOLEAN /\ HandshakeFail \in BOOLEAN
 
 DRanks == 0 .. (DTP - 1)
 PRanks == 0 .. (PTP - 1)
@@ -98,9 +100,10 @@ VARIABLES
     echo,      \* second-child-recv: received requests the second child reports next step
     hsd,       \* worker w's handshake with the producer engine: none | pending | done
     hsq,       \* worker w's receive entries deferred to the handshake, <<r, awaited>>
-    rdy        \* ... whose handshake completed (_ready_requests): posted at w's next step
+    rdy,       \* ... whose handshake completed (_ready_requests): posted at w's next step
+    hfl        \* ... whose handshake failed (_failed_recv_reqs): handled at w's next poll
 
-hsv == <<hsd, hsq, rdy>>
+hsv == <<hsd, hsq, rdy, hfl>>
 vars == <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h, rem,
           pin, pcnt, pst, failed, echo, hsv>>
 
@@ -126,6 +129,7 @@ TypeOK ==
     /\ hsd \in [DRanks -> {"none", "pending", "done"}]
     /\ hsq \in [DRanks -> SUBSET (Reqs \X BOOLEAN)]
     /\ rdy \in [DRanks -> SUBSET (Reqs \X BOOLEAN)]
+    /\ hfl \in [DRanks -> SUBSET Reqs]
 
 Init ==
     /\ st = [r \in Reqs |-> "new"]
@@ -140,7 +144,7 @@ Init ==
     /\ pst = [p \in PRanks |-> [r \in Reqs |-> "held"]]
     /\ failed = {} /\ echo = {}
     /\ hsd = [w \in DRanks |-> IF Handshake THEN "none" ELSE "done"]
-    /\ hsq = None /\ rdy = None
+    /\ hsq = None /\ rdy = None /\ hfl = None
 
 \* Hooks DecodeTrace.tla overrides (its cfg: Arrived <- TraceArrived, Busy <- TraceBusy).
 \* Arrived: r has reached D's scheduler (add_request); here every request has.  Busy: D's
@@ -222,8 +226,11 @@ RankExec(w, m, end) ==
         posted == [r \in Reqs |-> [p \in PRanks |->
                      IF r \in aw /\ p \in Reads(w) THEN end[<<w, r, p>>] ELSE h[w][r][p]]]
         xf1 == xf[w] \cup aw
-        done == {r \in xf1 : \A p \in PRanks : posted[r][p] # "proc"}
-        bad == {r \in done : \E p \in PRanks : posted[r][p] = "err"}
+        \* a failed handshake's entries (BW:2871-2889): reported failed where registered
+        \* (awaited: PW:73-74), dropped otherwise; never in _recving_transfers
+        hf == hfl[w] \cap (reg[w] \cup m.aw)
+        done == {r \in xf1 : \A p \in PRanks : posted[r][p] # "proc"} \cup hf
+        bad == {r \in done : \E p \in PRanks : posted[r][p] = "err"} \cup hf
         rep == IF Bug = "failure-only-logged" THEN done \ bad ELSE done
     IN [reg |-> (reg[w] \cup m.aw \cup aw) \ done,
         xf |-> xf1 \ done,
@@ -234,7 +241,8 @@ RankExec(w, m, end) ==
                    \cup {<<p, r>> \in PRanks \X aw : p \in NotifyOnly(w)},
         hsd |-> IF ~ready /\ entries # {} THEN "pending" ELSE hsd[w],
         hsq |-> IF ready THEN hsq[w] ELSE hsq[w] \cup entries,
-        rdy |-> IF ready THEN {} ELSE rdy[w]]
+        rdy |-> IF ready THEN {} ELSE rdy[w],
+        hfl |-> {}]
 
 StepToRun == CHOOSE i \in 1 .. Len(steps) :
                 ~steps[i].ran /\ \A j \in 1 .. (i - 1) : steps[j].ran
@@ -263,6 +271,7 @@ execute ==
           /\ hsd' = [w \in DRanks |-> new[w].hsd]
           /\ hsq' = [w \in DRanks |-> new[w].hsq]
           /\ rdy' = [w \in DRanks |-> new[w].rdy]
+          /\ hfl' = [w \in DRanks |-> new[w].hfl]
     /\ sendDone' = {} /\ echo' = {}
     /\ UNCHANGED <<st, fRecv, fFail, sendPend, crashed, cleanup, rem, pcnt, pst>>
 
@@ -357,18 +366,32 @@ handshake_start(w) ==
     /\ \E r \in Reqs : st[r] \in {"new", "wfrk"}
     /\ hsd' = [hsd EXCEPT ![w] = "pending"]
     /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
-                   rem, pin, pcnt, pst, failed, echo, hsq, rdy>>
+                   rem, pin, pcnt, pst, failed, echo, hsq, rdy, hfl>>
 
 (* The background handshake completes (its future's callbacks: the agents *)
 (* are registered, BW:1304-1316, and each deferred entry joins             *)
-(* _ready_requests, 1345-1350).  A failed handshake is not modelled.       *)
+(* _ready_requests, 1345-1350).                                             *)
 handshake_done(w) ==
     /\ hsd[w] = "pending"
     /\ hsd' = [hsd EXCEPT ![w] = "done"]
     /\ rdy' = [rdy EXCEPT ![w] = @ \cup hsq[w]]
     /\ hsq' = [hsq EXCEPT ![w] = {}]
     /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
-                   rem, pin, pcnt, pst, failed, echo>>
+                   rem, pin, pcnt, pst, failed, echo, hfl>>
+
+(* The background handshake fails: its future's callback logs it and      *)
+(* registers no agents (BW:1317-1325), so the next deferred entry starts  *)
+(* a new one; each deferred entry's request_ready callback puts it on     *)
+(* _failed_recv_reqs (1353-1360).  Nothing is sent to the producer: its   *)
+(* blocks wait for the lease.  Not fair.                                  *)
+handshake_fail(w) ==
+    /\ HandshakeFail /\ hsd[w] = "pending"
+    /\ hsd' = [hsd EXCEPT ![w] = "none"]
+    /\ hfl' = [hfl EXCEPT ![w] = @ \cup {e[1] : e \in hsq[w]}]
+    /\ hsq' = [hsq EXCEPT ![w] = {}]
+    /\ failed' = failed \cup {e[1] : e \in hsq[w]}
+    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
+                   rem, pin, pcnt, pst, echo, rdy>>
 
 (* Producer rank p's _get_new_notifs (PW:642-693) counts "r:n"; at n it    *)
 (* reports r done sending and its blocks are freed.  A late one is dropped.*)
@@ -426,7 +449,7 @@ Next ==
     \/ schedule \/ execute \/ update
     \/ \E r \in Reqs : abort(r) \/ complete(r) \/ child_send_done(r)
     \/ ReadEnd
-    \/ \E w \in DRanks : handshake_start(w) \/ handshake_done(w)
+    \/ \E w \in DRanks : handshake_start(w) \/ handshake_done(w) \/ handshake_fail(w)
     \/ \E p \in PRanks, r \in Reqs : deliver(p, r) \/ lease_expire(p, r)
     \/ (Done \/ crashed) /\ UNCHANGED vars  \* the end, or a dead EngineCore: no deadlock
 
@@ -471,4 +494,5 @@ HeldReleased == \A r \in Reqs : st[r] = "fin" ~> st[r] = "gone"
 ReachReceived == \A r \in Reqs : r \notin fRecv
 ReachAbortHeld == ~(\E r \in Reqs : st[r] = "fin" /\ InFlight(r))
 ReachNotified == \A p \in PRanks, r \in Reqs : pst[p][r] # "notified"
+ReachHandshakeFailed == \A w \in DRanks : hfl[w] = {}
 =============================================================================

@@ -45,11 +45,12 @@ DECODE = Sweep(
         ),  # fmt: skip
         Const("AsyncScheduling", "async_scheduling", "bool"),
         Const("Handshake", "handshake", "bool"),
+        Const("HandshakeFail", "handshake_fail", "bool"),
         Const("InStepEnd", "in_step_end", "bool"),
         Const("Bug", "bug", "str", BUGS),
     ),
     invariants=("DNoFreeUnderRead", "PNoFreeUnderRead", "NoAssertCrash", "ProducerNotified"),
-    reach=("ReachReceived", "ReachAbortHeld", "ReachNotified"),
+    reach=("ReachReceived", "ReachAbortHeld", "ReachNotified", "ReachHandshakeFailed"),
     liveness=("WaitingLeaves", "HeldReleased"),
     columns=("PTP", "DTP", "MLA", "Policy", "Composition", "AsyncScheduling", "Bug"),
     title="decode side (spec/Decode.tla): a P->D round trip",

@@ -106,7 +106,7 @@ def action_of(name: str, a: State, b: State) -> str:
     if name == "deliver":
         ((p, r),) = _changed(a, b, "pin")
         return f"deliver({p}, {r})"
-    if name in ("handshake_start", "handshake_done"):
+    if name in ("handshake_start", "handshake_done", "handshake_fail"):
         ((w,),) = _changed(a, b, "hsd")
         return f"{name}({w})"
     if name == "lease_expire":
