@@ -78,8 +78,9 @@ def in_step_ends(a: State, b: State) -> list[str]:
     step = b["steps"][i]
     out: list[str] = []
     for w, reqs in sorted(b["h"].items()):
+        hfl = a.get("hfl", {}).get(w, frozenset())  # a failed handshake's: no READ posted
         for r, srcs in sorted(reqs.items()):
-            if r in step["out"][w] and r not in a["xf"][w]:
+            if r in step["out"][w] and r not in a["xf"][w] and r not in hfl:
                 out.append(f"{w}.{r}.all.{'err' if r in step['fail'][w] else 'done'}")
                 continue
             out += [f"{w}.{r}.{p}.{now}" for p, now in sorted(srcs.items())
@@ -172,12 +173,14 @@ def parse_action(text: str) -> tuple[str, list[Any]]:
 
 
 OBSERVED = ("st", "fRecv", "fFail", "crashed", "steps", "cleanup", "reg", "xf", "h", "rem",
-            "pin", "pst", "hsd", "rdy")  # fmt: skip
+            "pin", "pst", "hsd", "rdy", "hfl")  # fmt: skip
 
 
 def differences(seen: dict[str, object], want: State) -> list[str]:
-    """The observed variables whose values differ ("name: real != spec")."""
-    return [f"{v}: {seen[v]!r} != {want[v]!r}" for v in OBSERVED if seen[v] != want[v]]
+    """The observed variables whose values differ ("name: real != spec"); a variable the
+    trace lacks (a counterexample kept before the spec had it) is not compared."""
+    return [f"{v}: {seen[v]!r} != {want[v]!r}" for v in OBSERVED
+            if v in want and seen[v] != want[v]]  # fmt: skip
 
 
 @dataclass

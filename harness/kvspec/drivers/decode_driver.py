@@ -299,6 +299,13 @@ class DecodeDriver:
         """Decode.tla `handshake_done(w)`: the exchange completes; vLLM's callbacks run."""
         self.hs[w].release()
 
+    def handshake_fail(self, w: int) -> None:
+        """Decode.tla `handshake_fail(w)`: the exchange raises (the seam's `_nixl_handshake`,
+        the network part only); vLLM's callbacks log it and fail each deferred entry."""
+        if not self.hs or self.hs[w].state() != "pending":
+            raise MissingAction(f"handshake_fail({w}): no handshake pending")
+        self.hs[w].fail()
+
     def xfer_end(self, w: int, r: int, p: int, ok: bool) -> None:
         """The READ of r by D rank w from P rank p ends (NIXL's own completion first)."""
         hd = next((h for h, (rr, pp) in self.handles[w].items() if (rr, pp) == (r, p)
@@ -432,6 +439,12 @@ class DecodeDriver:
             "hsd": {w: self.hs[w].state() if self.hs else "done" for w in ranks},
             "rdy": {
                 w: frozenset((int(rid.split("-")[1]), aw) for rid, aw in self.hs[w].ready())
+                if self.hs
+                else frozenset()
+                for w in ranks
+            },  # fmt: skip
+            "hfl": {
+                w: frozenset(int(rid.split("-")[1]) for rid in self.hs[w].failed())
                 if self.hs
                 else frozenset()
                 for w in ranks

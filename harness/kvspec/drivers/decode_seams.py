@@ -8,6 +8,7 @@ import contextlib
 import threading
 from typing import Any
 
+from kvspec.drivers.base import MissingAction
 from kvspec.drivers.vllm_env import DriverUnavailable
 from kvspec.drivers.vllm_inbox import Waits
 
@@ -74,7 +75,13 @@ class HeldHandshake:
     `_nixl_handshake`, is replaced: it returns the agents the cluster's real handshake
     registered, once the driver releases it (the spec's `handshake_done`)."""
 
-    NEEDS = ("_ensure_handshake", "_handshake_futures", "_ready_requests", "_nixl_handshake")
+    NEEDS = (
+        "_ensure_handshake",
+        "_handshake_futures",
+        "_ready_requests",
+        "_nixl_handshake",
+        "_failed_recv_reqs",
+    )
 
     def __init__(self, cw: Any, engine: str, waits: Waits) -> None:
         missing = [n for n in self.NEEDS if not hasattr(cw, n)]
@@ -84,6 +91,7 @@ class HeldHandshake:
         self.agents = cw._remote_agents.pop(engine)
         self.offset = cw._engine_clock_offset.get(engine, 0.0)
         self.gate = threading.Event()
+        self.failing = False  # the held exchange fails when released (handshake_fail)
         self.deferred = 0  # entries start_load_kv handed to the pending handshake
         cw._nixl_handshake = self._exchange
 
@@ -91,6 +99,8 @@ class HeldHandshake:
         # The executor thread waits for the spec; never forever (a closed driver opens it).
         if not self.gate.wait(timeout=3600):
             raise TimeoutError("the driver never released the handshake")
+        if self.failing:
+            raise ConnectionError("kvspec: the producer's side channel refused the handshake")
         return dict(self.agents), self.offset
 
     def state(self) -> str:
@@ -103,14 +113,38 @@ class HeldHandshake:
         self.cw._ensure_handshake(self.engine, str(params["remote_host"]),
                                   int(params["remote_port"]), int(params["tp_size"]))  # fmt: skip
 
-    def release(self) -> None:
-        """The exchange completes; wait for vLLM's callbacks: the agents registered and
-        every deferred entry on `_ready_requests`."""
+    def _settle(self, what: str) -> None:
+        """Open the held exchange and wait until every callback vLLM attached to its future
+        has run (ours is attached last, and a Future runs its callbacks in order): decided
+        from the future, not from what the callbacks should have done."""
+        settled = threading.Event()
+        fut = self.cw._handshake_futures.get(self.engine)
+        if fut is None:
+            raise MissingAction(f"{what}: no handshake pending")
+        fut.add_done_callback(lambda _f: settled.set())
         self.gate.set()
-        q = self.cw._ready_requests
-        self.waits.until(lambda: self.engine in self.cw._remote_agents
-                         and q.qsize() >= self.deferred, "the handshake's callbacks")  # fmt: skip
+        self.waits.until(settled.is_set, what)
         self.deferred = 0
+
+    def release(self) -> None:
+        """The exchange completes; vLLM's callbacks run (the agents registered, every
+        deferred entry on `_ready_requests`)."""
+        self._settle("the handshake's callbacks")
+
+    def fail(self) -> None:
+        """The exchange fails (Decode.tla `handshake_fail`); wait for vLLM's callbacks: the
+        future gone, no agents registered, every deferred entry on `_failed_recv_reqs`.
+        The next handshake vLLM starts is held again."""
+        self.failing = True
+        try:
+            self._settle("the failed handshake's callbacks")
+        finally:
+            self.failing = False
+            self.gate.clear()
+
+    def failed(self) -> list[str]:
+        """`_failed_recv_reqs` (D request ids), without taking them."""
+        return [str(rid) for rid in list(self.cw._failed_recv_reqs.queue)]
 
     def ready(self) -> list[tuple[str, bool]]:
         """`_ready_requests` as (D request id, awaited), without taking them."""

@@ -344,6 +344,16 @@ _ALL = [
         de.notif_before_read_done,
         family="decode",
     ),
+    _m(
+        "handshake-failure-only-logged",
+        "a failed background handshake is only logged: its deferred entries never reach "
+        "_failed_recv_reqs, so their requests stay in WAITING_FOR_REMOTE_KVS",
+        f"{BASE_WORKER}._background_nixl_handshake",
+        "#35943's class on the handshake path (base_worker.py:1353-1360)",
+        de.handshake_failure_only_logged,
+        family="decode",
+        decode_rows=("conf-decode-d1-first-contact-hs-fails",),
+    ),
 ]
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in _ALL}

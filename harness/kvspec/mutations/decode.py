@@ -86,3 +86,29 @@ def notif_before_read_done(orig: Any) -> Any:
         return posted
 
     return read_blocks
+
+
+def handshake_failure_only_logged(orig: Any) -> Any:
+    # #35943's class on the handshake path: when the background handshake fails, the
+    # deferred entry is only logged, never put on _failed_recv_reqs (base_worker.py:
+    # 1353-1360), so its request is never reported and stays in WAITING_FOR_REMOTE_KVS.
+    # vLLM's _background_nixl_handshake (1330-1362) with that one line dropped.
+    def background(self: Any, req_id: str, remote_engine_id: str, meta: Any) -> None:
+        fut = self._ensure_handshake(
+            remote_engine_id, meta.remote.host, meta.remote.port, meta.tp_size,
+            meta.dcp_size, meta.pp_size,
+        )  # fmt: skip
+        if fut is None:
+            self._ready_requests.put((req_id, meta))
+            return
+
+        def request_ready(f: Any, entry: tuple[str, Any] = (req_id, meta)) -> None:
+            try:
+                f.result()
+                self._ready_requests.put(entry)
+            except Exception:  # the bug: logged (here: dropped), never reported failed
+                pass
+
+        fut.add_done_callback(request_ready)
+
+    return background
