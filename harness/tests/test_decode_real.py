@@ -45,6 +45,7 @@ def _traces(row: str) -> list[tuple[str, object, list[tuple[str, dict[str, objec
         "conf-decode-d1-fail-instep",
         pytest.param("conf-decode-p1-d2-fail-instep", marks=pytest.mark.slow),
         "conf-decode-d1-first-contact",
+        "conf-decode-d1-first-contact-hs-fails",
         pytest.param("conf-decode-p1-d2-first-contact", marks=pytest.mark.slow),
     ],
 )
