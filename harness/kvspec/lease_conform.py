@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from kvspec.drivers.vllm_env import vllm_logs
+from kvspec.drivers.vllm_env import DriverUnavailable, vllm_logs
 from kvspec.lease_traces import LeaseConformance, conform_row
 from kvspec.statgraph import DotError
 from kvspec.sweep import Sweep, SweepMatrixError, SweepRow, load_sweep_matrix
@@ -46,7 +48,18 @@ def print_results(
             console.print(f"  {line}", highlight=False)
 
 
-def run_lease_conform(sweep: Sweep, args: argparse.Namespace) -> int:
+Conform = Callable[[Sweep, SweepRow, Path], LeaseConformance]
+
+
+def run_conform_rows(
+    sweep: Sweep,
+    args: argparse.Namespace,
+    conform: Conform,
+    title: str = "LeaseClock traces on vLLM's real lease code",
+    not_driven: Callable[[SweepRow], str | None] = lambda _row: None,
+) -> int:
+    """Replay each selected row's traces (`conform`), one line per row as it ends, then
+    the table; rows `not_driven` names are listed with the reason and skipped."""
     try:
         rows = _rows(sweep, args)
     except (SweepMatrixError, OSError) as exc:
@@ -54,17 +67,30 @@ def run_lease_conform(sweep: Sweep, args: argparse.Namespace) -> int:
         return 2
     console = Console(width=140)
     results: list[LeaseConformance] = []
-    with vllm_logs("lease-conform", False) as log:
+    with vllm_logs(f"{sweep.command}-conform", False) as log:
         console.print(f"vLLM's log: {log}", highlight=False)
         for i, row in enumerate(rows, 1):
-            console.print(f"[{i}/{len(rows)}] {row.name}", highlight=False)
+            why = not_driven(row)
+            note = f": not driven ({why})" if why else ""
+            console.print(f"[{i}/{len(rows)}] {row.name}{note}", highlight=False)
+            if why:
+                continue
             try:
-                results.append(conform_row(sweep, row, args.out / "conform"))
+                got = conform(sweep, row, args.out / "conform")
             except DotError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
-    print_results(results, console)
+            except DriverUnavailable as exc:
+                console.print(f"  not driven: {exc}", highlight=False)
+                continue
+            results.append(got)
+            console.print(f"  {got.summary()}", highlight=False)
+    print_results(results, console, title)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([r.to_json() for r in results], indent=1) + "\n")
     return 1 if any(r.divergences for r in results) else 0
+
+
+def run_lease_conform(sweep: Sweep, args: argparse.Namespace) -> int:
+    return run_conform_rows(sweep, args, conform_row)

@@ -93,6 +93,23 @@ class LeaseConformance:
     inconclusive: list[str] = field(default_factory=list)
     divergences: list[str] = field(default_factory=list)
     not_driven: list[str] = field(default_factory=list)  # needs what the driver cannot do
+    of: int = 0  # the row's edge-covering traces, when `traces` replayed a sample of them
+
+    def record(self, name: str, divergence: str | None, timeout: str | None = None) -> None:
+        """Count one trace: an expired wait is inconclusive, never a verdict."""
+        if timeout:
+            self.inconclusive.append(f"{name}: {timeout}")
+        elif divergence is None:
+            self.conforming += 1
+        else:
+            self.divergences.append(f"{name}: {divergence}")
+
+    def summary(self) -> str:
+        sample = f" (an even sample of {self.of})" if self.of > self.traces else ""
+        return (
+            f"{self.edges} edges, {self.traces} traces{sample}: {self.conforming} conform, "
+            f"{len(self.divergences)} diverge, {len(self.inconclusive)} inconclusive"
+        )
 
     def to_json(self) -> dict[str, JSON]:
         return dict(asdict(self))
@@ -161,9 +178,7 @@ def replay_docs(
         name = f"{row.name}/{doc['#meta']['trace']}"
         got = _replay_retrying(doc, row, make_driver, attempts)
         if isinstance(got, str):
-            res.inconclusive.append(f"{name}: {got}")
-        elif got.divergence is None:
-            res.conforming += 1
+            res.record(name, None, got)
         else:
-            res.divergences.append(f"{name}: {got.divergence}")
+            res.record(name, got.divergence)
     return res

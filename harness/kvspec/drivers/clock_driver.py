@@ -30,7 +30,13 @@ from typing import Any
 
 from kvspec.drivers.base import MissingAction
 from kvspec.drivers.decode_seams import HeldHandshake
-from kvspec.drivers.lease_driver import CLOCKED, TICK_S, _Clock, controlled_clock
+from kvspec.drivers.lease_driver import (
+    CLOCKED,
+    TICK_S,
+    _Clock,
+    controlled_clock,
+    mark_consumers_active,
+)
 from kvspec.drivers.vllm_driver import VllmDriver
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
 from kvspec.drivers.vllm_view import req_id
@@ -60,12 +66,7 @@ class ClockDriver:
         except BaseException:
             self._stack.close()
             raise
-        # D's workers handshook when the (pooled) cluster was built, maybe under the real
-        # clock: they were active "now" (else _evict_stale_engines drops the producer).
-        for cons in self.vd.c.consumers:
-            active = cons.connector_worker._engine_last_active
-            for eid in active:
-                active[eid] = self.clock.now
+        mark_consumers_active(self.vd, self.clock.now)
 
     def close(self) -> None:
         self._stack.close()

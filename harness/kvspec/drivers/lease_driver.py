@@ -69,6 +69,16 @@ class _Clock:
         return getattr(time, name)
 
 
+def mark_consumers_active(vd: VllmDriver, now: float) -> None:
+    """The decode workers handshook when the (pooled) cluster was built, maybe under the
+    real clock: they were active `now` on the controlled one (else their engine-TTL
+    eviction, base_worker.py _evict_stale_engines, drops the producer at a heartbeat)."""
+    for cons in vd.c.consumers:
+        active = cons.connector_worker._engine_last_active
+        for eid in active:
+            active[eid] = now
+
+
 @contextlib.contextmanager
 def controlled_clock(clock: _Clock, modules: tuple[str, ...] = CLOCKED) -> Iterator[None]:
     import importlib
@@ -153,13 +163,7 @@ class LeaseDriver:
         except BaseException:
             self._stack.close()
             raise
-        # The decode worker handshook when the cluster was built, maybe under the real
-        # clock: it was active "now" (else its engine-TTL eviction, base_worker.py
-        # _evict_stale_engines, would drop the producer on the first heartbeat).
-        for cons in self.vd.c.consumers:
-            active = cons.connector_worker._engine_last_active
-            for eid in active:
-                active[eid] = self.clock.now
+        mark_consumers_active(self.vd, self.clock.now)
         self.d = {r: "queued" for r in range(1, self.requests + 1)}
         if self.notif_first:
             cw = self.vd.c.consumer_nixl(0).connector_worker
