@@ -69,6 +69,7 @@ review: venv-vllm
 	$(VENV)/bin/kvspec lease --json build/lease.json
 	$(VENV)/bin/kvspec lease --conform --json build/lease-conform.json
 	$(VENV)/bin/kvspec clock --tier full --json build/clock.json
+	$(VENV)/bin/kvspec clock --conform --json build/clock-conform.json
 	$(VENV)/bin/kvspec decode --json build/decode.json
 	$(VENV)/bin/kvspec decode --conform --tier full
 	$(VENV)/bin/kvspec review --out report/

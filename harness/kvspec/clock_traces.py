@@ -25,7 +25,14 @@ from typing import Any
 from kvspec.drivers.base import MissingAction, WaitTimeout
 from kvspec.itf import JSON, value_from_itf
 from kvspec.lease_conform import run_conform_rows
-from kvspec.lease_traces import TRACES, LeaseConformance, _edges, edge_traces, lease_graph
+from kvspec.lease_traces import (
+    TRACES,
+    LeaseConformance,
+    _edges,
+    edge_paths,
+    edge_traces,
+    lease_graph,
+)
 from kvspec.matrix import ModelRow, Topology
 from kvspec.replay import WAIT_GROWTH
 from kvspec.sweep import Sweep, SweepRow
@@ -224,10 +231,9 @@ def replay_docs(
 SAMPLE_CAP = 2000
 
 
-def even_sample(docs: list[dict[str, JSON]], cap: int = SAMPLE_CAP) -> list[dict[str, JSON]]:
-    """Every k-th document so that at most `cap` remain (all of them if already fewer)."""
-    step = -(-len(docs) // cap)  # ceil
-    return docs[::step]
+def even_step(total: int, cap: int = SAMPLE_CAP) -> int:
+    """k such that every k-th of `total` traces leaves at most `cap` (1: all of them)."""
+    return max(1, -(-total // cap))  # ceil
 
 
 def conform_row(
@@ -237,11 +243,13 @@ def conform_row(
     """Replay `row`'s edge-covering traces (the first `limit` when given: make test's
     sample; an even sample of SAMPLE_CAP when there are more)."""
     g = lease_graph(sweep, row, work / row.name)
-    every = edge_traces(g, row)
-    docs = every[:limit] if limit is not None else even_sample(every)
+    paths = edge_paths(g)
+    total, k = len(paths), even_step(len(paths))
+    pick = (lambda n: n < limit) if limit is not None else (lambda n: n % k == 0)
+    docs = edge_traces(g, row, pick, paths)
     (work / row.name / TRACES).write_text(json.dumps(docs) + "\n")
     res = replay_docs(row, len(_edges(g)), docs, make_driver)
-    res.of = len(every)
+    res.of = total
     return res
 
 

@@ -54,17 +54,33 @@ def lease_graph(sweep: Sweep, row: SweepRow, work: Path, timeout_s: float = 600)
     return parse_dot(dot.read_text())
 
 
-def edge_traces(g: StateGraph, row: SweepRow) -> list[dict[str, JSON]]:
-    """ITF documents (TLC counterexample form: each state's #meta names the action that
-    led to it) whose paths cover every edge of `g`."""
+EdgePath = list[tuple[int, str, int]]
+
+
+def edge_paths(g: StateGraph) -> list[EdgePath]:
+    """Paths from the initial state that together cover every edge of `g` (BFS order)."""
     if len(g.initial) != 1:
-        raise DotError(f"{row.name}: {len(g.initial)} initial states, expected 1")
+        raise DotError(f"{len(g.initial)} initial states in the graph, expected 1")
     out: dict[int, list[tuple[str, int]]] = {}
     for src, action, dst in _edges(g):
         out.setdefault(src, []).append((action, dst))
+    return cover_edges(next(iter(g.initial)), out, max_len=MAX_LEN, hop=HOP)
+
+
+def edge_traces(
+    g: StateGraph,
+    row: SweepRow,
+    pick: Callable[[int], bool] = lambda _n: True,
+    paths: list[EdgePath] | None = None,
+) -> list[dict[str, JSON]]:
+    """ITF documents (TLC counterexample form: each state's #meta names the action that
+    led to it) whose paths cover every edge of `g`; only the paths `pick` takes (by their
+    index) are written out, so a sample of a big graph costs only the sample."""
     init = next(iter(g.initial))
     docs: list[dict[str, JSON]] = []
-    for n, path in enumerate(cover_edges(init, out, max_len=MAX_LEN, hop=HOP)):
+    for n, path in enumerate(edge_paths(g) if paths is None else paths):
+        if not pick(n):
+            continue
         states: list[JSON] = [_state(g, init, 0, "init")]
         states += [_state(g, dst, i, action) for i, (_, action, dst) in enumerate(path, 1)]
         meta: dict[str, JSON] = {"row": row.name, "trace": n, "source": "kvspec lease --conform"}
