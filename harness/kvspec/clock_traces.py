@@ -36,7 +36,7 @@ from kvspec.lease_traces import (
 from kvspec.matrix import ModelRow, Topology
 from kvspec.replay import WAIT_GROWTH
 from kvspec.sweep import Sweep, SweepRow
-from kvspec.tlcvalue import Value
+from kvspec.tlcvalue import Value, make_fn
 from kvspec.vocab import VARIABLES
 
 # Designs the installed vLLM can be driven as: as shipped, and #53903's fix by its patch.
@@ -92,8 +92,11 @@ def _one(new: frozenset[Any], old: frozenset[Any], what: str) -> Any:
     return diff[0]
 
 
-def step_of(a: dict[str, Any], b: dict[str, Any], action: str) -> tuple[str, tuple[Any, ...]]:
-    """(driver method, args) for the spec step a -> b labelled `action`."""
+def step_of(
+    a: dict[str, Any], b: dict[str, Any], action: str, sources: frozenset[int], extend: int
+) -> tuple[str, tuple[Any, ...]]:
+    """(driver method, args) for the spec step a -> b labelled `action`; `sources`: the
+    producer ranks D reads and heartbeats, `extend`: the heartbeat extension in ticks."""
     if action in ("schedule", "execute_model", "update_from_output", "tick"):
         return action, ()
     if action in ("consumer_start_load_kv", "consumer_get_finished"):
@@ -114,17 +117,18 @@ def step_of(a: dict[str, Any], b: dict[str, Any], action: str) -> tuple[str, tup
     if action == "heartbeat":
         if a["hs"] != b["hs"]:
             return "heartbeat_swallowed", ()  # starts the handshake: nothing is sent
-        return action, (_lost(a, b),)
+        return action, (_lost(a, b, sources, extend),)
     raise ValueError(f"unknown KVClock action {action!r}")
 
 
-def _lost(a: dict[str, Any], b: dict[str, Any]) -> frozenset[int]:
+def _lost(
+    a: dict[str, Any], b: dict[str, Any], sources: frozenset[int], extend: int
+) -> frozenset[int]:
     """The producer ranks whose heartbeat message the step lost, read off its effect (the
     count `lost` says how many, not which): a delivered message extends every lease it
     names that has less than Extend ticks left or has expired, so a rank where such a lease
     kept its TTL lost it; where no lease could change, delivered and lost are the same
     step, and the driver delivers."""
-    sources, extend = b["#sources"], b["#extend"]
     tracked = {r for r in a["atD"] - a["gone"] if any((r, v) not in a["land"] for v in sources)}
     lost = set()
     for w in sources:
@@ -137,9 +141,17 @@ def _lost(a: dict[str, Any], b: dict[str, Any]) -> frozenset[int]:
     return frozenset(lost)
 
 
-def _projection(state: dict[str, Any]) -> dict[str, Any]:
-    from kvspec.drivers.clock_driver import installed_ttl
+def installed_ttl(state: dict[str, Any]) -> Value:
+    """`ttl` where a worker holds the lease (r in lease[w]), else 0: what ClockDriver can
+    see (before the worker installs it, the deadline is the scheduler's)."""
+    lease = _fn(state["lease"])
+    return make_fn(
+        (w, tuple(t if r in lease[w] else 0 for r, t in sorted(_fn(per).items())))
+        for w, per in sorted(_fn(state["ttl"]).items())
+    )
 
+
+def _projection(state: dict[str, Any]) -> dict[str, Any]:
     out = {k: state[k] for k in VARIABLES}  # all of KVCompletion's
     out["ttl"] = installed_ttl(state)
     out["land"] = state["land"]
@@ -153,10 +165,9 @@ class ClockReplay:
     timeout: str | None = None
 
 
-def replay_clock(
-    doc: dict[str, JSON], driver: Any, sources: frozenset[int], extend: int
-) -> ClockReplay:
+def replay_clock(doc: dict[str, JSON], driver: Any, extend: int) -> ClockReplay:
     raw: Any = doc["states"]
+    sources = driver.sources()
     states = [_decode(s) for s in raw]
 
     def check(i: int) -> str | None:
@@ -173,8 +184,7 @@ def replay_clock(
     for i in range(1, len(states)):
         action = str(raw[i]["#meta"]["action"])
         try:
-            b = {**states[i], "#sources": sources, "#extend": extend}
-            name, args = step_of(states[i - 1], b, action)
+            name, args = step_of(states[i - 1], states[i], action, sources, extend)
             getattr(driver, name)(*args)
         except MissingAction as exc:
             return ClockReplay(i - 1, f"step {i} ({action}): vLLM cannot: {exc}")
@@ -195,11 +205,6 @@ def _vllm_clock_driver(row: ModelRow, patch: str | None, wait_scale: float) -> A
     return ClockDriver(row, impl_patch=patch, waits=DEFAULT_WAITS.scaled(wait_scale))
 
 
-def _sources(row: ModelRow) -> frozenset[int]:
-    """KVCompletion's ReadSources for the designs driven here: PCP rank 0 of each TP rank."""
-    return frozenset(range(row.topology.tp * row.topology.pp))
-
-
 def replay_docs(
     row: SweepRow, edges: int, docs: list[dict[str, JSON]],
     make_driver: DriverFactory = _vllm_clock_driver, attempts: int = 2,
@@ -215,7 +220,7 @@ def replay_docs(
         for n in range(attempts):
             try:
                 with make_driver(mrow, patch, WAIT_GROWTH**n) as driver:
-                    got = replay_clock(doc, driver, _sources(mrow), int(row.consts["Extend"]))
+                    got = replay_clock(doc, driver, row.ints["Extend"])
             except WaitTimeout as exc:
                 why = str(exc)
                 continue
@@ -279,4 +284,4 @@ def replay_regression(
     doc = json.loads(path.read_text())
     mrow = model_row(row)
     with make_driver(mrow, PATCH[str(row.consts["Variant"])], 1.0) as driver:
-        return replay_clock(doc, driver, _sources(mrow), int(row.consts["Extend"]))
+        return replay_clock(doc, driver, row.ints["Extend"])

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from kvspec.clock import CLOCK
-from kvspec.clock_traces import _sources, model_row, replay_clock, replay_docs
+from kvspec.clock_traces import model_row, replay_clock, replay_docs
 from kvspec.lease_traces import _edges, edge_traces, lease_graph
 from kvspec.statgraph import StateGraph
 from kvspec.sweep import SweepRow, load_sweep_matrix
@@ -68,7 +68,7 @@ def test_a_sample_conforms_and_heartbeat_mutants_diverge(graph: StateGraph, muta
     mrow = model_row(row)
     with patched(Base("v0.30-shipped"), MUTANTS[mutant].patch):
         with ClockDriver(mrow) as driver:
-            res = replay_clock(doc, driver, _sources(mrow), row.ints["Extend"])
+            res = replay_clock(doc, driver, row.ints["Extend"])
     if res.timeout is not None:
         pytest.skip(f"inconclusive: {res.timeout}")
     assert res.divergence is not None and "ttl" in res.divergence

@@ -123,10 +123,14 @@ class ClockDriver:
             raise MissingAction(f"abandon({r}): D already read it or gave it up")
         self.gone.add(r)
 
+    def sources(self) -> frozenset[int]:
+        """The producer ranks D reads and heartbeats (KVCompletion's ReadSources)."""
+        return frozenset(self.vd._read_sources())
+
     def tracked(self) -> set[int]:
         """Requests D heartbeats: received (P returned their params), not given up, some
         READ not reported landed."""
-        sources = self.vd._read_sources()
+        sources = self.sources()
         return {
             r for r in self.vd.params
             if r not in self.gone and any((r, w) not in self.land for w in sources)
@@ -149,7 +153,7 @@ class ClockDriver:
                 )
             }
             cons.connector_worker._send_heartbeats(meta)
-        for w in sorted(self.vd._read_sources()):
+        for w in sorted(self.sources()):
             _, msg = c.inboxes[w].wait_arrived_where(
                 lambda m: m.startswith(b"HB:"), f"a heartbeat at rank {w}", self.waits
             )
@@ -223,22 +227,3 @@ class ClockDriver:
         out["ttl"] = make_fn(enumerate(ttl))
         out["land"] = frozenset(self.land)
         return out
-
-
-def installed_ttl(state: dict[str, Any]) -> Value:
-    """The spec state's `ttl` where a worker holds the lease (r in lease[w]), else 0: what
-    ClockDriver.observe can see."""
-    ttl, lease = state["ttl"], state["lease"]
-    ranks = sorted(_items(ttl))
-    return make_fn(
-        (w, tuple(t if r in _at(lease, w) else 0 for r, t in enumerate(_at(ttl, w), start=1)))
-        for w in ranks
-    )
-
-
-def _items(fn: Any) -> dict[Any, Any]:
-    return dict(fn.pairs) if hasattr(fn, "pairs") else dict(enumerate(fn, start=1))
-
-
-def _at(fn: Any, k: Any) -> Any:
-    return _items(fn)[k]
