@@ -81,3 +81,23 @@ def test_a_wrong_guard_in_the_spec_is_caught(tmp_path: Path) -> None:
     row = replace(ROWS["p1-d1-shipped"], expect={"DNoFreeUnderRead": "holds"})
     res = check_sweep_row(sweep, row, tmp_path / "out")
     assert res.verdicts["DNoFreeUnderRead"] == "violated"
+
+
+@needs_java
+def test_a_failed_handshakes_report_is_not_labelled_an_in_step_read_end(tmp_path: Path) -> None:
+    # The worker's poll reports a failed handshake's entry (never READ) failed; the trace's
+    # label must not ask the driver to end a READ in that step (decode_traces.in_step_ends).
+    from kvspec.decode_traces import conform_rows, generate, in_step_ends
+
+    row = next(r for r in conform_rows() if r.name == "conf-decode-d1-first-contact-hs-fails")
+    traces = generate(row, tmp_path)
+    seen = 0
+    for trace in traces:
+        for (_, a), (act, b) in zip(trace, trace[1:], strict=False):
+            if act.startswith("execute") and a["hfl"][0] and b["steps"]:
+                assert act == "execute" and in_step_ends(a, b) == [], act
+                # negative control: without the failed-handshake set, the report reads
+                # as a READ that ended in error within the step
+                blind = {**a, "hfl": {0: frozenset()}}
+                seen += bool(in_step_ends(blind, b))
+    assert seen > 0

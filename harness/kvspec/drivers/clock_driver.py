@@ -193,7 +193,8 @@ class ClockDriver:
                     )
                 }  # fmt: skip
                 cw._send_heartbeats(meta)
-                pending = held.state() == "pending"
+                if held.state() != "pending" or any(m.startswith(b"HB:") for m in sent):
+                    raise MissingAction("heartbeat: D sent its first heartbeat (no handshake)")
                 held.release()
             finally:
                 if own:
@@ -201,8 +202,6 @@ class ClockDriver:
                 else:
                     del cw.nixl_wrapper.send_notif
                 held.restore()
-            if not pending or any(m.startswith(b"HB:") for m in sent):
-                raise MissingAction("heartbeat: D sent its first heartbeat (no handshake started)")
 
     def tick(self) -> None:
         """KVClock `tick`: kv_lease_duration / 6 passes."""
