@@ -1,6 +1,7 @@
-"""Trace validation of the committed real-engine recordings (conformance/recorded/), both
-sides, as a table: spec events per side, seconds of mapping + TLC per design, spec events
-validated per second, the designs that admit each side. No engine runs.
+"""Trace validation of the committed real-engine recordings (conformance/recorded/), the
+producer, decode and clock sides, as a table: spec events per side, seconds of mapping +
+TLC per design, spec events validated per second, the designs that admit each side (the
+clock's: and whether the run kept every READ safe). No engine runs.
 
     python bench/validate.py [--json FILE]
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 from kvspec.record.log import read_dir
 from kvspec.record.mapping import MappingError
 from kvspec.validate import validate_events
+from kvspec.validate_clock import validate_clock
 from kvspec.validate_decode import validate_decode
 
 RECORDED = Path(__file__).resolve().parents[1] / "conformance" / "recorded"
@@ -34,6 +36,16 @@ def main() -> int:
             rows.append({"recording": d.name, "side": "producer", "events": len(v.mapped.log),
                          "designs": len(v.designs), "s": time.perf_counter() - t,
                          "admitted": v.admitted})  # fmt: skip
+            t = time.perf_counter()
+            try:  # the clock needs the lease, recorded since 2026-12-03
+                cv = validate_clock(events, Path(tmp) / d.name / "c")
+                rows.append({"recording": d.name, "side": "clock", "events": len(cv.mapped.log),
+                             "designs": len(cv.designs), "s": time.perf_counter() - t,
+                             "admitted": [f"{x.design.variant} ({x.safe})" for x in cv.designs
+                                          if x.design.verdict == "admitted"]})  # fmt: skip
+            except MappingError as exc:
+                rows.append({"recording": d.name, "side": "clock", "events": 0, "designs": 0,
+                             "s": 0.0, "admitted": [f"not mapped: {exc}"[:60]]})  # fmt: skip
             t = time.perf_counter()
             try:
                 dv = validate_decode(events, Path(tmp) / d.name / "d")

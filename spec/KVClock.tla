@@ -14,8 +14,12 @@
 (*  - the deadline passes at a tick (the reaper, _reap_expired_send_leases *)
 (*    base_worker.py:3014-3040, frees at P's next step, KVCompletion's     *)
 (*    execute_model);                                                      *)
+(*  - P's request_finished returns r's kv_transfer_params to the router,    *)
+(*    which hands r to D: D's Scheduler.add_request calls on_new_request    *)
+(*    (scheduler.py:2639-2640), at most AMax ticks later;                   *)
 (*  - D heartbeats every request it tracks (from on_new_request until its  *)
-(*    finished_recving: base_scheduler.py:225-238, 521-525) once per       *)
+(*    scheduler processed its finished_recving, update_connector_output:   *)
+(*    base_scheduler.py:199-238, 521-525) once per                         *)
 (*    heartbeat interval (base_scheduler.py:505-512), to every producer    *)
 (*    agent each D rank handshook (_send_heartbeats, base_worker.py:       *)
 (*    3188-3212); each send may fail (logged at debug, dropped); the first *)
@@ -38,20 +42,23 @@ CONSTANTS
     Lease,     \* kv_lease_duration, in ticks
     HbEvery,   \* heartbeat interval, in ticks
     Extend,    \* heartbeat extension, in ticks
-    QMax,      \* longest wait in D's queue before D posts a READ of the request
+    AMax,      \* longest hand-off: P returned r's params -> D's add_request (router)
+    QMax,      \* longest wait from P returning r to D posting its READs (hand-off +
+               \* D's queue)
     RMax,      \* longest READ (posted -> landed in D's blocks)
     NMax,      \* longest delivery of the READ's notification after it landed
     MaxLost,   \* heartbeat messages that may be lost in a run (per producer agent);
                \* 99 or more: any number (the count is then not kept)
     DStall,    \* ticks D's engine may be late with a due heartbeat (a long forward)
     Swallow,   \* the first heartbeat starts the proactive handshake and is not sent
+    HsMax,     \* longest proactive handshake, in ticks (heartbeats meanwhile are not sent)
     NotifFirst,\* a READ's notification may reach P before the READ lands (nixl#252)
     Abandon    \* D may give up on a queued request for good (no READ, no heartbeat)
 
 ASSUME /\ Transfer = "pull"
        /\ Lease \in Nat \ {0} /\ HbEvery \in Nat \ {0} /\ Extend \in Nat
-       /\ QMax \in Nat /\ RMax \in Nat \ {0} /\ NMax \in Nat /\ MaxLost \in Nat
-       /\ DStall \in Nat /\ Swallow \in BOOLEAN /\ NotifFirst \in BOOLEAN
+       /\ AMax \in Nat /\ QMax \in Nat /\ RMax \in Nat \ {0} /\ NMax \in Nat /\ MaxLost \in Nat
+       /\ DStall \in Nat /\ Swallow \in BOOLEAN /\ HsMax \in Nat /\ NotifFirst \in BOOLEAN
        /\ Abandon \in BOOLEAN
 
 VARIABLES
@@ -64,16 +71,20 @@ VARIABLES
     age,    \* ticks since the READ of r from w was posted (until it lands), then since
             \* it landed (until its notification reached w)
     land,   \* <<r, w>>: the READ of r from w has landed in D's blocks
-    atD,    \* requests D received (P returned their kv_transfer_params)
+    sent,   \* requests P returned (request_finished gave the router their params)
+    atD,    \* requests D received (its Scheduler.add_request: on_new_request)
+    seen,   \* requests whose finished_recving D's scheduler processed (no heartbeat)
     gone,   \* requests D gave up on
     hbAge,  \* ticks since D last packaged heartbeats
-    hs,     \* D has handshaken the producer engine (heartbeats are sent)
+    hs,     \* D's handshake with the producer engine: "none", "pending" (started by a
+            \* heartbeat, which it swallowed; so is every heartbeat until it is done), "done"
+    hsAge,  \* ticks the handshake has been pending
     lost    \* heartbeat messages lost so far
 
 kvvars == <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif, replQ,
             extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits, lateFinish,
             clobbered, published>>
-cvars == <<ttl, qage, age, land, atD, gone, hbAge, hs, lost>>
+cvars == <<ttl, qage, age, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost>>
 vars == <<kvvars, cvars>>
 
 K == INSTANCE KVCompletion WITH NReq <- Cardinality(Reqs), Timing <- "untimed"
@@ -84,10 +95,13 @@ Max(a, b) == IF a > b THEN a ELSE b
 Serve == {w \in Ranks : K!RankMode(w) = "serve"}
 Sources == K!ReadSources
 
-\* D heartbeats r from on_new_request until all its READs landed (finished_recving).
-Tracked == {r \in atD \ gone : \E w \in Sources : <<r, w>> \notin land}
-\* r waits in D's queue: some READ of it is still to be posted (and P still serves it).
-Queued == {r \in atD \ gone : req[r] = "sending" /\ \E w \in Sources : rd[r][w] = "none"}
+\* D heartbeats r from on_new_request until its scheduler saw r's finished_recving.
+Tracked == {r \in atD \ gone : r \notin seen}
+\* Every READ of r landed; D's worker reports it in this step's finished_recving.
+AllLanded(r) == \A w \in Sources : <<r, w>> \in land
+\* r waits for D (the router's hand-off, then D's queue): some READ of it is still to be
+\* posted (and P still serves it).
+Queued == {r \in sent \ gone : req[r] = "sending" /\ \E w \in Sources : rd[r][w] = "none"}
 Posted(r, w) == rd[r][w] # "none"
 
 Init ==
@@ -95,21 +109,22 @@ Init ==
     /\ ttl = [w \in Ranks |-> [r \in Reqs |-> 0]]
     /\ qage = [r \in Reqs |-> 0]
     /\ age = [r \in Reqs |-> [w \in Ranks |-> 0]]
-    /\ land = {} /\ atD = {} /\ gone = {}
+    /\ land = {} /\ sent = {} /\ atD = {} /\ seen = {} /\ gone = {}
     /\ hbAge = HbEvery      \* the first heartbeat is due at once
-    /\ hs = ~Swallow
+    /\ hs = IF Swallow THEN "none" ELSE "done"
+    /\ hsAge = 0
     /\ lost = 0
 
 -----------------------------------------------------------------------------
 (* KVCompletion's producer steps.  A request that becomes "sending" gets its *)
-(* deadline (request_finished) and reaches D; one that stops being it has   *)
+(* deadline (request_finished) and goes to the router; one that stops being it has *)
 (* no deadline any more.                                                   *)
 Stamp ==
     /\ ttl' = [w \in Ranks |-> [r \in Reqs |->
                  IF w \notin Serve \/ req'[r] # "sending" THEN 0
                  ELSE IF req[r] # "sending" THEN Lease ELSE ttl[w][r]]]
-    /\ atD' = atD \cup {r \in Reqs : req'[r] = "sending"}
-    /\ UNCHANGED <<qage, age, land, gone, hbAge, hs, lost>>
+    /\ sent' = sent \cup {r \in Reqs : req'[r] = "sending"}
+    /\ UNCHANGED <<qage, age, land, atD, seen, gone, hbAge, hs, hsAge, lost>>
 
 schedule == K!schedule /\ Stamp
 execute_model == K!execute_model /\ Stamp
@@ -117,20 +132,37 @@ update_from_output == K!update_from_output /\ Stamp
 abort(r) == K!abort(r) /\ Stamp
 store_complete(r, w) == K!store_complete(r, w) /\ UNCHANGED cvars
 
+(* The router hands r to D: D's Scheduler.add_request -> on_new_request     *)
+(* starts tracking it for heartbeats (whether or not P still holds it).   *)
+consumer_add_request(r) ==
+    /\ r \in sent \ atD
+    /\ atD' = atD \cup {r}
+    /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, seen, gone, hbAge, hs, hsAge, lost>>
+
+(* D's scheduler processes r's finished_recving (update_connector_output)  *)
+(* and stops heartbeating it.                                               *)
+consumer_update(r) ==
+    /\ r \in atD \ seen /\ AllLanded(r)
+    /\ seen' = seen \cup {r}
+    /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, atD, gone, hbAge, hs, hsAge, lost>>
+
 (* D's start_load_kv posts the READ of r from producer rank w.             *)
 consumer_start_load_kv(r, w) ==
     /\ r \in atD \ gone
+    \* one handshake per producer engine, READs and heartbeats alike
+    \* (_ensure_handshake, _handshake_futures): a READ waits for a pending one
+    /\ hs # "pending"
     /\ K!consumer_start_load_kv(r, w)
     /\ qage' = [qage EXCEPT ![r] = IF \A v \in Sources \ {w} : Posted(r, v) THEN 0 ELSE @]
     /\ age' = [age EXCEPT ![r][w] = 0]
-    /\ UNCHANGED <<ttl, land, atD, gone, hbAge, hs, lost>>
+    /\ UNCHANGED <<ttl, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost>>
 
 (* The READ lands in D's blocks (D's get_transfer_results reports it).      *)
 consumer_read_done(r, w) ==
     /\ Posted(r, w) /\ <<r, w>> \notin land
     /\ land' = land \cup {<<r, w>>}
     /\ age' = [age EXCEPT ![r][w] = 0]
-    /\ UNCHANGED <<kvvars, ttl, qage, atD, gone, hbAge, hs, lost>>
+    /\ UNCHANGED <<kvvars, ttl, qage, sent, atD, seen, gone, hbAge, hs, hsAge, lost>>
 
 (* The READ's "r:1" reaches rank w's agent (KVCompletion's                  *)
 (* consumer_get_finished); after the READ landed, or before it (NotifFirst).*)
@@ -139,7 +171,7 @@ consumer_get_finished(r, w) ==
     /\ K!consumer_get_finished(r, w)
     \* an overtaking notification leaves the READ's own bound running
     /\ age' = [age EXCEPT ![r][w] = IF <<r, w>> \in land THEN 0 ELSE @]
-    /\ UNCHANGED <<ttl, qage, land, atD, gone, hbAge, hs, lost>>
+    /\ UNCHANGED <<ttl, qage, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost>>
 
 (* D gives up on a queued request for good.  Not fair.                      *)
 abandon(r) ==
@@ -148,33 +180,49 @@ abandon(r) ==
     /\ \A w \in Sources : ~Posted(r, w)
     /\ gone' = gone \cup {r}
     /\ qage' = [qage EXCEPT ![r] = 0]
-    /\ UNCHANGED <<kvvars, ttl, age, land, atD, hbAge, hs, lost>>
+    /\ UNCHANGED <<kvvars, ttl, age, land, sent, atD, seen, hbAge, hs, hsAge, lost>>
 
 (* D's scheduler packages heartbeats (once per interval) and every D rank's *)
 (* _send_heartbeats sends "HB:<tracked ids>" to its producer agents; the    *)
 (* messages to the ranks in L are lost.  P's _handle_heartbeat extends      *)
 (* every lease it still holds (a deadline that passed but was not reaped    *)
 (* yet is live again).                                                     *)
-heartbeat ==
+\* The first heartbeat to the producer engine starts the handshake; nothing is sent.
+HbSwallowed ==
+    /\ hs # "done"
+    /\ hs' = "pending"
+    /\ UNCHANGED <<ttl, expired, lost, hsAge>>
+
+\* A heartbeat sent to every source rank, lost at the ranks in L.
+HbSent(L) ==
+    /\ hs = "done"
+    /\ LET got == Sources \ L
+           ext(w, r) == w \in got /\ r \in Tracked /\ r \in lease[w]
+       IN /\ lost + Cardinality(L) <= MaxLost
+          /\ lost' = IF MaxLost >= 99 THEN lost ELSE lost + Cardinality(L)
+          /\ ttl' = [w \in Ranks |-> [r \in Reqs |->
+                      IF ext(w, r) THEN Max(ttl[w][r], Extend) ELSE ttl[w][r]]]
+          /\ expired' = [w \in Ranks |-> {r \in expired[w] : ~ext(w, r)}]
+    /\ UNCHANGED <<hs, hsAge>>
+
+\* What every heartbeat does besides (the interval, and no other variable).
+HbDue ==
     /\ Tracked # {}
     /\ hbAge >= HbEvery
     /\ hbAge' = 0
-    /\ \/ /\ ~hs
-          /\ hs' = TRUE
-          /\ UNCHANGED <<ttl, expired, lost>>
-       \/ /\ hs
-          /\ \E L \in SUBSET Sources :
-                LET got == Sources \ L
-                    ext(w, r) == w \in got /\ r \in Tracked /\ r \in lease[w]
-                IN /\ lost + Cardinality(L) <= MaxLost
-                   /\ lost' = IF MaxLost >= 99 THEN lost ELSE lost + Cardinality(L)
-                   /\ ttl' = [w \in Ranks |-> [r \in Reqs |->
-                               IF ext(w, r) THEN Max(ttl[w][r], Extend) ELSE ttl[w][r]]]
-                   /\ expired' = [w \in Ranks |-> {r \in expired[w] : ~ext(w, r)}]
-          /\ UNCHANGED hs
     /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, notif, replQ,
                    extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits,
-                   lateFinish, clobbered, published, qage, age, land, atD, gone>>
+                   lateFinish, clobbered, published, qage, age, land, sent, atD, seen, gone>>
+
+heartbeat == HbDue /\ (HbSwallowed \/ \E L \in SUBSET Sources : HbSent(L))
+
+(* The proactive handshake completes (its future's done_callback registers *)
+(* the producer's agents: base_worker.py:1305-1315); within HsMax ticks.    *)
+handshake_done ==
+    /\ hs = "pending"
+    /\ hs' = "done"
+    /\ hsAge' = 0
+    /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, atD, seen, gone, hbAge, lost>>
 
 (* One tick.  Bounded delays are urgent: the clock does not pass D's queue  *)
 (* wait, a READ or a notification at its bound, a due heartbeat (D's engine *)
@@ -187,9 +235,12 @@ Bound(r, w) == IF <<r, w>> \in land THEN NMax ELSE RMax
 Pending(r, w) == Posted(r, w) /\ (<<r, w>> \notin land \/ rd[r][w] = "inflight")
 
 tick ==
-    /\ \A r \in Queued : qage[r] < QMax
+    /\ \A r \in Queued : qage[r] < QMax /\ (r \notin atD => qage[r] < AMax)
+    \* D's scheduler sees a landed request's report within its step
+    /\ \A r \in atD \ seen : ~AllLanded(r)
     /\ \A r \in Reqs, w \in Sources : Pending(r, w) => age[r][w] < Bound(r, w)
     /\ Tracked # {} => hbAge < HbEvery + DStall
+    /\ hs = "pending" => hsAge < HsMax
     /\ ~Unshipped
     /\ \E r \in Reqs : req[r] # "freed" \/ r \in Tracked
     \* (every deadline is shipped at a tick: one P no longer holds is dropped)
@@ -199,21 +250,22 @@ tick ==
     /\ qage' = [r \in Reqs |-> IF r \in Queued THEN qage[r] + 1 ELSE 0]
     /\ age' = [r \in Reqs |-> [w \in Ranks |-> IF Pending(r, w) THEN age[r][w] + 1 ELSE 0]]
     /\ hbAge' = IF hbAge < HbEvery + DStall THEN hbAge + 1 ELSE hbAge
+    /\ hsAge' = IF hs = "pending" THEN hsAge + 1 ELSE 0
     /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, notif, replQ,
                    extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits,
-                   lateFinish, clobbered, published, land, atD, gone, hs, lost>>
+                   lateFinish, clobbered, published, land, sent, atD, seen, gone, hs, lost>>
 
-Done == /\ \A r \in Reqs : req[r] = "freed" /\ r \notin Tracked
+Done == /\ \A r \in Reqs : req[r] = "freed" /\ r \notin Tracked /\ (r \in sent => r \in atD)
         /\ \A r \in Reqs, w \in Ranks : ~Pending(r, w)
         /\ ~K!CanSchedule
 
 Next ==
     \/ schedule \/ execute_model \/ update_from_output
-    \/ \E r \in Reqs : abort(r) \/ abandon(r)
+    \/ \E r \in Reqs : abort(r) \/ abandon(r) \/ consumer_add_request(r) \/ consumer_update(r)
     \/ \E r \in Reqs, w \in Ranks :
           \/ consumer_start_load_kv(r, w) \/ consumer_read_done(r, w)
           \/ consumer_get_finished(r, w) \/ store_complete(r, w)
-    \/ heartbeat
+    \/ heartbeat \/ handshake_done
     \/ tick
     \/ Done /\ UNCHANGED vars  \* the end: no deadlock
 
@@ -223,17 +275,21 @@ Next ==
 (* heartbeat and the clock.  Not fair: abort, abandon.                     *)
 Spec == Init /\ [][Next]_vars
         /\ WF_vars(schedule) /\ WF_vars(execute_model) /\ WF_vars(update_from_output)
+        /\ WF_vars(\E r \in Reqs : consumer_add_request(r))
+        /\ WF_vars(\E r \in Reqs : consumer_update(r))
         /\ WF_vars(\E r \in Reqs, w \in Ranks : consumer_start_load_kv(r, w))
         /\ WF_vars(\E r \in Reqs, w \in Ranks : consumer_read_done(r, w))
         /\ WF_vars(\E r \in Reqs, w \in Ranks : consumer_get_finished(r, w))
         /\ WF_vars(\E r \in Reqs, w \in Ranks : store_complete(r, w))
-        /\ WF_vars(heartbeat) /\ WF_vars(tick)
+        /\ WF_vars(heartbeat) /\ WF_vars(handshake_done) /\ WF_vars(tick)
 
 TypeOK ==
     /\ K!TypeOK
     /\ ttl \in [Ranks -> [Reqs -> 0 .. Max(Lease, Extend)]]
-    /\ land \subseteq Reqs \X Ranks /\ atD \subseteq Reqs /\ gone \subseteq atD
+    /\ land \subseteq Reqs \X Ranks /\ atD \subseteq sent /\ sent \subseteq Reqs
+    /\ seen \subseteq atD /\ gone \subseteq atD
     /\ lost \in 0 .. MaxLost
+    /\ hs \in {"none", "pending", "done"} /\ hsAge \in 0 .. HsMax
 
 -----------------------------------------------------------------------------
 (* #21570, #24268: P frees r while D's READ of it is yet to land (queued,   *)

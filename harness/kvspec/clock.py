@@ -24,8 +24,9 @@ from kvspec.sweep import Const, Sweep, add_sweep_arguments, run_sweep
 REPO = Path(__file__).resolve().parents[2]
 _INTS = {
     "TP": "tp", "PP": "pp", "PCP": "pcp", "DCP": "dcp", "Capacity": "capacity",
-    "Lease": "lease", "HbEvery": "hb_every", "Extend": "extend", "QMax": "qmax",
-    "RMax": "rmax", "NMax": "nmax", "MaxLost": "max_lost", "DStall": "dstall",
+    "Lease": "lease", "HbEvery": "hb_every", "Extend": "extend", "AMax": "amax",
+    "QMax": "qmax",
+    "RMax": "rmax", "NMax": "nmax", "MaxLost": "max_lost", "DStall": "dstall", "HsMax": "hs_max",
 }  # fmt: skip
 _BOOLS = {
     "AsyncScheduling": "async_scheduling", "Swallow": "swallow", "NotifFirst": "notif_first",
@@ -54,7 +55,8 @@ CLOCK = Sweep(
     # (defaults), the fused-READ property where a row compares it with NoFreeUnderRead
     reach=("GuardsHold", "ReachReadThenFreed", "FusedNoFreeWhileInFlight"),
     liveness=("EveryRequestDone", "DelayedEventuallyFreed"),
-    columns=("Variant", "TP", "PCP", "QMax", "RMax", "MaxLost", "DStall", "NotifFirst"),
+    columns=("Variant", "TP", "PCP", "AMax", "QMax", "RMax", "MaxLost", "DStall", "HsMax",
+             "NotifFirst"),
     title="producer engine against a lease clock (spec/KVClock.tla; ticks of lease / 6)",
     max_requests=2,
     modules=(REPO / "spec" / "KVCompletion.tla",),

@@ -97,7 +97,7 @@ def step_of(
 ) -> tuple[str, tuple[Any, ...]]:
     """(driver method, args) for the spec step a -> b labelled `action`; `sources`: the
     producer ranks D reads and heartbeats, `extend`: the heartbeat extension in ticks."""
-    if action in ("schedule", "execute_model", "update_from_output", "tick"):
+    if action in ("schedule", "execute_model", "update_from_output", "tick", "handshake_done"):
         return action, ()
     if action in ("consumer_start_load_kv", "consumer_get_finished"):
         return action, _rd_change(a, b)
@@ -105,6 +105,10 @@ def step_of(
         return action, tuple(_one(b["land"], a["land"], "land"))
     if action == "abandon":
         return action, (_one(b["gone"], a["gone"], "gone"),)
+    if action == "consumer_add_request":
+        return action, (_one(b["atD"], a["atD"], "atD"),)
+    if action == "consumer_update":
+        return action, (_one(b["seen"], a["seen"], "seen"),)
     if action == "abort":
         changed = [i for i, (x, y) in enumerate(zip(a["req"], b["req"], strict=True), 1) if x != y]
         return action, (changed[0],)
@@ -115,8 +119,8 @@ def step_of(
                 return action, (min(gone), w)
         raise ValueError("store_complete changed no store")
     if action == "heartbeat":
-        if a["hs"] != b["hs"]:
-            return "heartbeat_swallowed", ()  # starts the handshake: nothing is sent
+        if a["hs"] != "done":
+            return "heartbeat_swallowed", ()  # starts or waits for the handshake: not sent
         return action, (_lost(a, b, sources, extend),)
     raise ValueError(f"unknown KVClock action {action!r}")
 
@@ -129,7 +133,7 @@ def _lost(
     names that has less than Extend ticks left or has expired, so a rank where such a lease
     kept its TTL lost it; where no lease could change, delivered and lost are the same
     step, and the driver delivers."""
-    tracked = {r for r in a["atD"] - a["gone"] if any((r, v) not in a["land"] for v in sources)}
+    tracked = a["atD"] - a["gone"] - a["seen"]
     lost = set()
     for w in sources:
         ex_a, ex_b = _fn(a["expired"])[w], _fn(b["expired"])[w]

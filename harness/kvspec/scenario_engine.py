@@ -2,9 +2,9 @@
 lines on stdin, answering JSON lines on stdout; vLLM's own output goes to stderr (the
 scenario runner sends it to a log file).
 
-Commands: {"cmd": "generate", "prompts": [[ids]], "max_tokens": N, "params": [kv params or
-null], "remote_decode": bool} -> {"outputs": [{"tokens": [...], "params": {...}}]};
-{"cmd": "exit"}. The engine is `vllm.LLM` with a recording connector
+Commands: {"cmd": "generate", "prompts": [[ids]], "max_tokens": N (or one per prompt),
+"params": [kv params or null], "remote_decode": bool} -> {"outputs": [{"tokens": [...],
+"params": {...}}]}; {"cmd": "exit"}. The engine is `vllm.LLM` with a recording connector
 (kvspec.record.connectors), dummy weights and a local config.json: no download.
 
 The engine core runs in its own process (vLLM's default) and keeps stepping while a
@@ -49,7 +49,7 @@ def engine_args(a: argparse.Namespace) -> dict[str, Any]:
         "model": a.model, "load_format": "dummy", "skip_tokenizer_init": True,
         # float32: bfloat16 + NIXL crashes the CPU AMX attention kernel (shared facts)
         "dtype": "float32", "block_size": 32, "max_model_len": 256, "enforce_eager": True,
-        "max_num_seqs": 8, "enable_prefix_caching": False, "seed": 0,
+        "max_num_seqs": a.max_seqs, "enable_prefix_caching": False, "seed": 0,
         "tensor_parallel_size": a.tp, "async_scheduling": not a.sync,
         "prefill_context_parallel_size": a.pcp,
         # TP=1 in-process: a producer holding blocks for a READ steps as fast as it can
@@ -77,7 +77,9 @@ def serve(a: argparse.Namespace) -> None:
             break
         params = cmd.get("params") or [None] * len(cmd["prompts"])
         sps = []
-        for p in params:
+        tokens = cmd["max_tokens"]
+        tokens = tokens if isinstance(tokens, list) else [tokens] * len(params)
+        for p, n in zip(params, tokens, strict=True):
             kvp = (
                 p
                 if p is not None
@@ -86,7 +88,7 @@ def serve(a: argparse.Namespace) -> None:
             sps.append(SamplingParams(
                 # greedy: dummy weights give near-uniform logits, so a sampled token would
                 # differ between the P/D run and the local one by chance
-                max_tokens=cmd["max_tokens"], ignore_eos=True, detokenize=False,
+                max_tokens=n, ignore_eos=True, detokenize=False,
                 temperature=0.0,
                 extra_args={"kv_transfer_params": kvp} if kvp else None,
             ))  # fmt: skip
@@ -135,6 +137,7 @@ def main() -> None:
     p.add_argument("--child", default="ExampleConnector", help="MultiConnector's 2nd child")
     p.add_argument("--pcp", type=int, default=1, help="prefill_context_parallel_size")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--max-seqs", type=int, default=8, help="max_num_seqs (run slots)")
     serve(p.parse_args())
 
 

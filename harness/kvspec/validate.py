@@ -204,9 +204,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace_dir", type=Path, help="a kvspec record directory (*.ndjson)")
     p.add_argument("--variant", action="append", choices=VARIANTS,
                    help="only these producer designs (default: all)")  # fmt: skip
-    p.add_argument("--side", choices=("producer", "decode", "both"), default="both",
-                   help="KVCompletion (producer), Decode.tla (the decode engine), or both "
-                        "(the decode side where the recording has a decode engine)")  # fmt: skip
+    p.add_argument("--side", choices=("producer", "decode", "clock", "both"), default="both",
+                   help="KVCompletion (producer), Decode.tla (the decode engine), KVClock "
+                        "(the producer against the lease clock, heartbeats and time "
+                        "included), or all three (each where the recording allows)")  # fmt: skip
+    p.add_argument("--lease", type=int,
+                   help="kv_lease_duration in s, for a recording that does not say it")  # fmt: skip
     p.add_argument("--engine", help="the decode engine, where the recording has several")
     p.add_argument("--json", type=Path, help="write the verdicts as JSON here")
     p.add_argument("--work", type=Path, default=Path("build/validate"))
@@ -229,6 +232,24 @@ def _decode_side(events: list[Event], args: argparse.Namespace) -> dict[str, obj
             "designs": [d.to_json() for d in dv.designs], "admitted": dv.admitted}  # fmt: skip
 
 
+def _clock_side(events: list[Event], args: argparse.Namespace) -> dict[str, object] | None:
+    """The clock's verdicts as JSON (None: not validated, said on the terminal)."""
+    from kvspec.validate_clock import print_clock, validate_clock
+
+    try:
+        cv = validate_clock(events, args.work, tuple(args.variant or VARIANTS), args.lease)
+    except MappingError as exc:
+        if args.side == "clock":
+            raise
+        print(f"clock: not validated: {exc}")
+        return None
+    print_clock(cv)
+    return {"lease_s": cv.mapped.lease_s, "heartbeats": cv.mapped.heartbeats,
+            "events": len(cv.mapped.log), "log": [event_line(e) for e in cv.mapped.log],
+            "designs": [d.design.to_json() | {"reads": d.safe} for d in cv.designs],
+            "admitted": cv.admitted}  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
     doc: dict[str, object] = {}
     ok: list[bool] = []
@@ -249,6 +270,11 @@ def run(args: argparse.Namespace) -> int:
             if dec is not None:
                 doc["decode"] = dec
                 ok.append(bool(dec["admitted"]))
+        if args.side in ("clock", "both"):
+            clk = _clock_side(events, args)
+            if clk is not None:
+                doc["clock"] = clk
+                ok.append(bool(clk["admitted"]))
     except (RecordError, MappingError) as exc:
         print(f"kvspec validate: {exc}", file=sys.stderr)
         return 2

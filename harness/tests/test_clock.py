@@ -72,8 +72,8 @@ def _st(**kw: Any) -> dict[str, Any]:
     from kvspec.tlcvalue import make_fn
 
     base: dict[str, Any] = {
-        "hs": True, "lost": 0, "land": frozenset(), "gone": frozenset(),
-        "atD": frozenset({1}),
+        "hs": "done", "lost": 0, "land": frozenset(), "gone": frozenset(),
+        "atD": frozenset({1}), "seen": frozenset(),
         "lease": make_fn([(0, frozenset({1})), (1, frozenset({1}))]),
         "expired": make_fn([(0, frozenset()), (1, frozenset())]),
         "ttl": make_fn([(0, (2,)), (1, (2,))]),
@@ -98,7 +98,15 @@ def test_step_of_reads_the_request_and_rank_off_the_change() -> None:
     )  # fmt: skip
     a, b = _st(), _st(land=frozenset({(1, 0)}))
     assert _step(a, b, "consumer_read_done") == ("consumer_read_done", (1, 0))
-    assert _step(_st(hs=False), _st(), "heartbeat") == ("heartbeat_swallowed", ())
+    assert _step(_st(hs="none"), _st(hs="pending"), "heartbeat") == ("heartbeat_swallowed", ())
+    # a heartbeat while the handshake is pending is swallowed too (hs does not change)
+    pending = _st(hs="pending")
+    assert _step(pending, pending, "heartbeat") == ("heartbeat_swallowed", ())
+    assert _step(pending, _st(), "handshake_done") == ("handshake_done", ())
+    assert _step(_st(atD=frozenset()), _st(), "consumer_add_request") == (
+        "consumer_add_request", (1,),
+    )  # fmt: skip
+    assert _step(_st(), _st(seen=frozenset({1})), "consumer_update") == ("consumer_update", (1,))
 
 
 def test_a_heartbeats_lost_messages_are_read_off_its_effect() -> None:

@@ -34,7 +34,7 @@ def _extends_during_read(doc: dict[str, Any]) -> bool:
     """A delivered heartbeat raises an installed lease's TTL while a READ is posted."""
     states: Any = doc["states"]
     for a, b in zip(states, states[1:], strict=False):
-        if b["#meta"]["action"] != "heartbeat" or a["hs"] != b["hs"]:
+        if b["#meta"]["action"] != "heartbeat" or a["hs"] != "done":
             continue
         ta, tb = a["ttl"]["#map"][0][1], b["ttl"]["#map"][0][1]
         posted = a["rd"][0]["#map"][0][1] != "none"

@@ -8,8 +8,13 @@ and in the driver's own view of them, by a clock the driver advances (lease_driv
 | producer steps, `consumer_start_load_kv(r, w)` | as `VllmDriver` |
 | `consumer_read_done(r, w)` | D's `get_transfer_results` reports the READ; bytes checked |
 | `consumer_get_finished(r, w)` | the READ's "r:1", arrived at rank w's agent, is delivered |
+| `consumer_add_request(r)` | nothing real: D tracks r from now (its on_new_request) |
+| `consumer_update(r)` | nothing real: D stops tracking r (finished_recving seen) |
 | `heartbeat` | every D rank's `_send_heartbeats` (the requests D tracks); each producer |
 | | rank's `_handle_heartbeat` on arrival, unless the spec lost that message |
+| `heartbeat` (handshake not done) | vLLM's `_send_heartbeats` starts, or waits for, the |
+| | proactive handshake, held at the seam; nothing is sent |
+| `handshake_done` | the held handshake's exchange completes; vLLM's callbacks run |
 | `abandon(r)` | nothing real: D stops tracking r |
 | `tick` | the clock advances kv_lease_duration / 6 |
 
@@ -17,7 +22,7 @@ Observed: KVCompletion's variables as `VllmDriver.observe` reads them (`expired`
 passed on the controlled clock), `ttl` of every installed lease (whole ticks to its
 deadline; 0 elsewhere, where the spec's TTL is not yet or no longer a worker's) and `land`
 (READs D reported). The first heartbeat's handshake (`hs`) is driven at the handshake seam
-(`heartbeat_swallowed`). Not driven: a notification
+(`heartbeat_swallowed`, `handshake_done`). Not driven: a notification
 overtaking its READ (lease_driver.EarlyNotifs does it for LeaseClock).
 """
 
@@ -55,6 +60,9 @@ class ClockDriver:
     clock: _Clock = field(default_factory=_Clock)
     land: set[tuple[int, int]] = field(default_factory=set)
     gone: set[int] = field(default_factory=set)
+    added: set[int] = field(default_factory=set)  # D's add_request ran (spec atD)
+    seen: set[int] = field(default_factory=set)  # D's scheduler saw finished_recving
+    held: list[HeldHandshake] = field(default_factory=list)  # a pending handshake per D rank
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def __post_init__(self) -> None:
@@ -69,6 +77,8 @@ class ClockDriver:
         mark_consumers_active(self.vd, self.clock.now)
 
     def close(self) -> None:
+        for h in self.held:  # never leave vLLM's executor thread waiting on the seam
+            h.restore()
         self._stack.close()
 
     def __enter__(self) -> ClockDriver:
@@ -97,8 +107,10 @@ class ClockDriver:
     def consumer_start_load_kv(self, r: int, w: int) -> None:
         """KVClock `consumer_start_load_kv(r, w)` (KVCompletion's, unguarded): D posts a
         real NIXL READ of r's block from rank w."""
-        if r in self.gone:
-            raise MissingAction(f"consumer_start_load_kv({r}, {w}): D gave r up")
+        if r in self.gone or r not in self.added:
+            raise MissingAction(f"consumer_start_load_kv({r}, {w}): D does not hold r")
+        if self.held:
+            raise MissingAction(f"consumer_start_load_kv({r}, {w}): the handshake is pending")
         self.vd.consumer_start_load_kv(r, w)
 
     def consumer_read_done(self, r: int, w: int) -> None:
@@ -123,18 +135,30 @@ class ClockDriver:
             raise MissingAction(f"abandon({r}): D already read it or gave it up")
         self.gone.add(r)
 
+    def consumer_add_request(self, r: int) -> None:
+        """KVClock `consumer_add_request(r)`: the router hands r to D (D's add_request ->
+        on_new_request); D's heartbeats name it from now. Nothing real: this driver's
+        decode workers take their metadata from the driver."""
+        if r not in self.vd.params or r in self.added:
+            raise MissingAction(f"consumer_add_request({r}): P has not returned r, or D has it")
+        self.added.add(r)
+
+    def consumer_update(self, r: int) -> None:
+        """KVClock `consumer_update(r)`: D's scheduler processes r's finished_recving
+        (update_connector_output) and stops heartbeating it."""
+        if r not in self.added or r in self.seen or any(
+            (r, w) not in self.land for w in self.sources()
+        ):
+            raise MissingAction(f"consumer_update({r}): not every READ of r has landed")
+        self.seen.add(r)
+
     def sources(self) -> frozenset[int]:
         """The producer ranks D reads and heartbeats (KVCompletion's ReadSources)."""
         return frozenset(self.vd._read_sources())
 
     def tracked(self) -> set[int]:
-        """Requests D heartbeats: received (P returned their params), not given up, some
-        READ not reported landed."""
-        sources = self.sources()
-        return {
-            r for r in self.vd.params
-            if r not in self.gone and any((r, w) not in self.land for w in sources)
-        }  # fmt: skip
+        """Requests D heartbeats: added, not given up, finished_recving not yet seen."""
+        return self.added - self.gone - self.seen
 
     def heartbeat(self, lost: frozenset[int]) -> None:
         """KVClock `heartbeat`: every D rank's _send_heartbeats for the requests D tracks;
@@ -161,21 +185,23 @@ class ClockDriver:
                 c.nixl_worker(w)._handle_heartbeat(msg.decode()[3:])
 
     def heartbeat_swallowed(self) -> None:
-        """KVClock `heartbeat` while D has not handshaken the producer engine (`hs`): D's
-        first heartbeat starts the proactive handshake and is not sent. Driven at the seam
-        decode_seams.HeldHandshake uses: the engine is taken out of each D worker's
-        `_remote_agents` (D's cluster handshook when it was built), vLLM's own
-        `_send_heartbeats` -> `_ensure_handshake` runs, and only the network exchange is
-        replaced (it returns the agents already registered). vLLM must send nothing: D's
-        `send_notif` is watched during the call."""
+        """KVClock `heartbeat` while D's handshake with the producer engine is not done
+        (`hs`): the heartbeat starts the proactive handshake, or finds it pending, and is
+        not sent. Driven at the seam decode_seams.HeldHandshake uses: at the first one the
+        engine is taken out of each D worker's `_remote_agents` (D's cluster handshook when
+        it was built) and the network exchange is held (it returns the agents already
+        registered when `handshake_done` releases it); vLLM's own `_send_heartbeats` ->
+        `_ensure_handshake` runs. vLLM must send nothing: D's `send_notif` is watched."""
         tracked = self.tracked()
         if not tracked:
             raise MissingAction("heartbeat: D tracks no request")
         api, c = self.vd.c.api, self.vd.c
+        first = not self.held
         sent: list[bytes] = []
-        for cons in c.consumers:
+        for i, cons in enumerate(c.consumers):
             cw = cons.connector_worker
-            held = HeldHandshake(cw, c.engine_id, self.waits)
+            if first:
+                self.held.append(HeldHandshake(cw, c.engine_id, self.waits))
             real_send = cw.nixl_wrapper.send_notif
             own = "send_notif" in vars(cw.nixl_wrapper)  # already an instance attribute
 
@@ -193,15 +219,26 @@ class ClockDriver:
                     )
                 }  # fmt: skip
                 cw._send_heartbeats(meta)
-                if held.state() != "pending" or any(m.startswith(b"HB:") for m in sent):
-                    raise MissingAction("heartbeat: D sent its first heartbeat (no handshake)")
-                held.release()
             finally:
                 if own:
                     cw.nixl_wrapper.send_notif = real_send
                 else:
                     del cw.nixl_wrapper.send_notif
-                held.restore()
+            if self.held[i].state() != "pending" or any(m.startswith(b"HB:") for m in sent):
+                raise MissingAction("heartbeat: D sent a heartbeat (no handshake pending)")
+
+    def handshake_done(self) -> None:
+        """KVClock `handshake_done`: the held exchange completes and vLLM's callbacks run
+        (the producer's agents registered: heartbeats are sent from now)."""
+        if not self.held:
+            raise MissingAction("handshake_done: no handshake pending")
+        held, self.held = self.held, []
+        try:
+            for h in held:
+                h.release()
+        finally:
+            for h in held:
+                h.restore()
 
     def tick(self) -> None:
         """KVClock `tick`: kv_lease_duration / 6 passes."""

@@ -1,4 +1,5 @@
-"""A recording without its idle steps (kvspec.record.mapping.idle_steps): what
+"""A recording without its idle steps (kvspec.record.mapping.idle_steps; the producer
+keeps those the clock's mapping keeps too, a few per tick): what
 `kvspec record --compact` writes and what the committed regression recordings are. The
 result maps to the same spec log as the original (tested), at a fraction of the size: a
 producer holding blocks for a READ busy-loops hundreds of empty steps a second.
@@ -11,6 +12,7 @@ from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 
+from kvspec.record.clock_mapping import map_clock
 from kvspec.record.decode_mapping import map_decode
 from kvspec.record.log import Event
 from kvspec.record.mapping import MappingError, map_recording
@@ -36,6 +38,15 @@ def _decode_drop(events: list[Event]) -> tuple[str | None, set[int]]:
     return dm.consumer, dm.dropped_steps
 
 
+def _clock_drop(events: list[Event], default: set[int]) -> set[int]:
+    """The producer's idle steps the clock's mapping drops (it keeps some in each tick), or
+    `default` for a recording it cannot map (no lease recorded)."""
+    try:
+        return map_clock(events).dropped_steps
+    except MappingError:
+        return default
+
+
 def compact(events: list[Event]) -> list[Event]:
     """Drop each engine's idle steps: the k-th schedule, update_from_output and each
     rank's get_transfer_results are step k, as kvspec.record.mapping (producer) and
@@ -43,7 +54,8 @@ def compact(events: list[Event]) -> list[Event]:
     its non-empty step events (its own steps are not mapped: its reads and reports are)."""
     m = map_recording(events)
     d_engine, d_drop = _decode_drop(events)
-    drops = {m.producer: m.dropped_steps} | ({d_engine: d_drop} if d_engine else {})
+    drops = {m.producer: m.dropped_steps & _clock_drop(events, m.dropped_steps)}
+    drops |= {d_engine: d_drop} if d_engine else {}
     count: dict[tuple[str, int, int], int] = defaultdict(int)
     kept = []
     for e in sorted(events, key=lambda e: (e.pid, e.seq)):

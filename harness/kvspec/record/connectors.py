@@ -150,7 +150,17 @@ def _describe(connector: Any, vllm_config: Any) -> dict[str, Any]:
         "tp": int(p.tensor_parallel_size), "pp": int(p.pipeline_parallel_size),
         "pcp": int(getattr(p, "prefill_context_parallel_size", 1) or 1),
         "vllm": str(getattr(vllm, "__version__", "?")),
+        # the NIXL scheduler's kv_lease_duration (base_scheduler.py:82-86): the clock's tick
+        "lease": _lease(connector),
     }  # fmt: skip
+
+
+def _lease(connector: Any) -> int | None:
+    for c in [connector, *getattr(connector, "_connectors", ())]:
+        sched = getattr(c, "connector_scheduler", None)
+        if sched is not None and hasattr(sched, "_kv_lease_duration"):
+            return int(sched._kv_lease_duration)
+    return None
 
 
 def _nixl_worker(connector: Any) -> Any:
@@ -186,6 +196,81 @@ def _wrap_reads(connector: Any, rec: Recorder) -> None:
     worker._read_blocks = read_blocks
 
 
+def _wrap_heartbeats(connector: Any, rec: Recorder) -> None:
+    """Record the lease heartbeats: a decode worker's `_send_heartbeats(metadata)` (which
+    producer ranks each "HB:" message went to; an engine with none was swallowed by the
+    proactive handshake or failed: base_worker.py:3179-3212) and a producer worker's
+    `_handle_heartbeat(payload)` (which of its ids it held: only those are extended,
+    base_worker.py:3042-3060). Both are looked up on the instance by their callers
+    (pull_worker.py:123, 658), so instance attributes intercept them."""
+    worker = _nixl_worker(connector)
+    if worker is None or not hasattr(worker, "_handle_heartbeat"):
+        return
+    sending: list[tuple[Any, bool]] | None = None
+    agent = worker.nixl_wrapper
+    real_notif = agent.send_notif
+
+    def send_notif(name: Any, *args: Any, **kwargs: Any) -> Any:
+        msg = kwargs.get("notif_msg", args[0] if args else b"")
+        hb = sending is not None and isinstance(msg, bytes) and msg.startswith(b"HB:")
+        try:
+            out = real_notif(name, *args, **kwargs)
+        except Exception:
+            if hb and sending is not None:
+                sending.append((name, False))
+            raise
+        if hb and sending is not None:
+            sending.append((name, True))
+        return out
+
+    agent.send_notif = send_notif
+    real_send = worker._send_heartbeats
+
+    @functools.wraps(real_send)
+    def send_heartbeats(metadata: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal sending
+        by_engine = dict(getattr(metadata, "heartbeat_by_engine", None) or {})
+        if not by_engine:
+            return real_send(metadata, *args, **kwargs)
+        t_ns, sending = time.monotonic_ns(), []
+        try:
+            return real_send(metadata, *args, **kwargs)
+        finally:
+            got, sending = sending, None
+            try:
+                _emit_sends(rec, worker, by_engine, got, t_ns)
+            except Exception as exc:  # noqa: BLE001 - never raise into vLLM
+                rec.emit("recorder_error", where="_send_heartbeats", error=repr(exc))
+
+    worker._send_heartbeats = send_heartbeats
+    real_handle = worker._handle_heartbeat
+
+    @functools.wraps(real_handle)
+    def handle_heartbeat(payload: str, *args: Any, **kwargs: Any) -> Any:
+        t_ns = time.monotonic_ns()
+        ids = [x for x in str(payload).split(",") if x]
+        held = sorted(x for x in ids if x in dict(getattr(worker, "_reqs_to_send", {})))
+        out = real_handle(payload, *args, **kwargs)
+        rec.emit("heartbeat_recv", reqs=ids, t_ns=t_ns, held=held)
+        return out
+
+    worker._handle_heartbeat = handle_heartbeat
+
+
+def _emit_sends(rec: Recorder, worker: Any, by_engine: dict[Any, Any],
+                got: list[tuple[Any, bool]], t_ns: int) -> None:  # fmt: skip
+    """One heartbeat_send per producer engine. `_remote_agents[engine]` maps the producer's
+    (pp rank, tp rank) to its agent name (base_worker.py:647): the message's rank is the
+    pair, written "pp:tp"."""
+    for eid, info in by_engine.items():
+        ranks = {str(a): f"{k[0]}:{k[1]}" for k, a in
+                 dict(worker._remote_agents.get(eid, {})).items()}  # fmt: skip
+        rec.emit("heartbeat_send", reqs=sorted(_ids(info.req_ids)), t_ns=t_ns,
+                 remote_engine=str(eid),
+                 sent=sorted(ranks.get(str(n), "?") for n, ok in got if ok),
+                 failed=sorted(ranks.get(str(n), "?") for n, ok in got if not ok))  # fmt: skip
+
+
 class _Recording:
     """The calls recorded on every connector class below (MRO: before vLLM's class)."""
 
@@ -199,6 +284,10 @@ class _Recording:
             self._kvspec_rec.emit("start", **_describe(self, vllm_config))
         else:
             _wrap_reads(self, self._kvspec_rec)
+            try:
+                _wrap_heartbeats(self, self._kvspec_rec)
+            except Exception as exc:  # noqa: BLE001 - never raise into vLLM
+                self._kvspec_rec.emit("recorder_note", note=f"heartbeats not recorded: {exc!r}")
 
     def request_finished(self, request: Any, block_ids: Any) -> Any:
         out = super().request_finished(request, block_ids)  # type: ignore[misc]

@@ -66,3 +66,17 @@ def report_on_rank(events: list[Event], producer: str, rid: str, src: int, dst: 
         f, result={**f.result, "finished_sending": sorted(f.ids("finished_sending") | {rid})}
     )
     return out
+
+
+def claim_lease(events: list[Event], producer: str, lease_s: int) -> list[Event]:
+    """The producer's `start` says another kv_lease_duration: under a longer one, the
+    reaper's free of the real run came before the lease ran out."""
+    n = _first(events, lambda e: e.engine == producer and e.call == "start")
+    e = events[n]
+    return [*events[:n], replace(e, result={**e.result, "lease": lease_s}), *events[n + 1:]]
+
+
+def drop_heartbeat_receipts(events: list[Event], producer: str) -> list[Event]:
+    """The producer's `_handle_heartbeat` never ran (the heartbeats were lost, or a
+    handler that ignores them): yet P did not reap the leases when they ran out."""
+    return [e for e in events if not (e.engine == producer and e.call == "heartbeat_recv")]

@@ -28,8 +28,15 @@ scheduled ids),
 the aggregated connector output, empty when the step had none), `finish_requests`
 (`result.status`), `request_finished` (`result.delay`, `result.status`), `free_blocks`
 (`result.free`: free blocks after it); worker side `get_transfer_results` (the rank's
-finished_sending / finished_recving / failed_recving) and `read` (a NIXL READ posted:
-`result.remote_request_id`, `result.remote_rank`).
+finished_sending / finished_recving / failed_recving), `read` (a NIXL READ posted:
+`result.remote_request_id`, `result.remote_rank`), `heartbeat_send` (a decode worker's
+`_send_heartbeats` for one producer engine, stamped at entry: `reqs` the producer's ids,
+`result.remote_engine`, `result.sent` / `result.failed`: producer ranks whose "HB:" message
+went out / raised; neither: swallowed by the proactive handshake) and `heartbeat_recv` (a
+producer worker's `_handle_heartbeat`, stamped at entry: `reqs` the payload,
+`result.held`: the ids it held a lease for, the ones it extends). The scheduler's `start`
+event describes the deployment (`result.connector`, `children`, `tp`, `pp`, `pcp`,
+`async_scheduling`, `vllm`, `lease`: kv_lease_duration in s).
 """
 
 from __future__ import annotations

@@ -84,7 +84,9 @@ def _rank_steps(events: list[Event], producer: str) -> dict[tuple[int, int], Eve
     return out
 
 
-def map_recording(events: list[Event]) -> Mapped:
+def map_recording(events: list[Event], *, drop: bool = True) -> Mapped:
+    """The producer's KVTrace log; `drop=False` keeps every idle step (the clock's mapping,
+    kvspec.record.clock_mapping, drops its own)."""
     producer, consumers = _engines(events)
     p_sched = [e for e in events if e.engine == producer and e.role == "scheduler"]
     start = next((e.result for e in p_sched if e.call == "start"), {})
@@ -156,7 +158,7 @@ def map_recording(events: list[Event]) -> Mapped:
                 for rid in sorted(e.ids("finished_recving")):
                     if rid in d_to_p:
                         log.append(SpecEvent("recv", r=r_of(d_to_p[rid]), source=e))
-    kept, dropped = drop_idle_steps(log)
+    kept, dropped = drop_idle_steps(log) if drop else (log, set())
     return Mapped(producer, consumers, reqs, world, dict(start), kept, dropped)
 
 
@@ -185,11 +187,14 @@ E = TypeVar("E", bound=_Event)
 STEP_KINDS = ("schedule", "execute", "update")
 
 
-def idle_steps(log: Sequence[E], idle: Callable[[E], bool]) -> set[int]:
+def idle_steps(log: Sequence[E], idle: Callable[[E], bool],
+               breaks: Callable[[E, E], bool] | None = None) -> set[int]:  # fmt: skip
     """Steps (1-based, in the order of their schedule events; execute and update follow
     their step's order) to drop: idle ones past KEEP_IDLE in a row. A step is idle when its
     schedule, execute and update all are (`idle`); any other event between two steps ends
-    the run. Used for the producer's log and the decode engine's (decode_mapping)."""
+    the run, and so does `breaks(previous step's schedule, this one's)` where given (the
+    clock's mapping: a new tick). Used for the producer's log and the decode engine's
+    (decode_mapping)."""
     at: dict[str, list[int]] = {k: [] for k in STEP_KINDS}
     for n, e in enumerate(log):
         if e.a in STEP_KINDS:
@@ -199,6 +204,8 @@ def idle_steps(log: Sequence[E], idle: Callable[[E], bool]) -> set[int]:
     for s in range(min(len(v) for v in at.values())):
         idx = [at[k][s] for k in STEP_KINDS]
         other = any(log[n].a not in STEP_KINDS for n in range(prev_end + 1, min(idx)))
+        if breaks is not None and s > 0 and breaks(log[at["schedule"][s - 1]], log[idx[0]]):
+            other = True
         prev_end = max(idx)
         if not all(idle(log[n]) for n in idx):
             run = 0
@@ -209,9 +216,10 @@ def idle_steps(log: Sequence[E], idle: Callable[[E], bool]) -> set[int]:
     return drop
 
 
-def drop_idle_steps(log: Sequence[E], idle: Callable[[E], bool] = _idle  # type: ignore[assignment]
+def drop_idle_steps(log: Sequence[E], idle: Callable[[E], bool] = _idle,  # type: ignore[assignment]
+                    breaks: Callable[[E, E], bool] | None = None
                     ) -> tuple[list[E], set[int]]:  # fmt: skip
-    drop = idle_steps(log, idle)
+    drop = idle_steps(log, idle, breaks)
     count = {k: 0 for k in STEP_KINDS}
     kept = []
     for e in log:

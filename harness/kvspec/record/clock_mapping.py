@@ -1,0 +1,188 @@
+"""A recording (kvspec.record.log events) as spec/ClockTrace.tla's Log: the producer's
+KVTrace events (kvspec.record.mapping), the decode engine's add_request and processed
+finished_recving, and the heartbeats, each stamped with the tick it happened in. Pure: no
+vLLM, no TLC.
+
+Time: a tick is kv_lease_duration / 6 (KVClock's unit), counted from the log's first
+event on the host's monotonic clock (one clock for every process on a host). The lease
+must be a multiple of 6 s: vLLM's heartbeat interval (lease // 6 s, base_scheduler.py:88)
+and extension (lease * 2 // 3 s, base_worker.py:532) are then 1 and 4 ticks exactly.
+
+Heartbeats: a decode worker's `heartbeat_send` to the producer engine that went to no
+rank was swallowed by the proactive handshake; one that went out is matched, per producer
+rank and in order, with that rank's `heartbeat_receive` of the same payload, and ranks
+without one lost it. The spec's heartbeat takes effect at the last matched receive (P
+extends at `_handle_heartbeat`, not at D's send).
+
+Idle producer steps are kept up to KEEP_IDLE per tick (not per run, as KVTrace's are):
+a lease that expired must be reaped at P's next step, so a step in each tick says whether
+P had reaped it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+from kvspec.record.log import Event
+from kvspec.record.mapping import Mapped, MappingError, SpecEvent, drop_idle_steps, map_recording
+
+TICKS_PER_LEASE = 6
+
+
+@dataclass(frozen=True)
+class ClockEvent:
+    """One ClockTrace Log record and the recorded event it came from."""
+
+    a: str
+    r: int = 0
+    w: int = 0
+    t: int = 0
+    batch: frozenset[int] = frozenset()
+    out: tuple[frozenset[int], ...] = ()
+    freed: frozenset[int] = frozenset()
+    fin: frozenset[int] = frozenset()
+    swallow: bool = False
+    lost: frozenset[int] = frozenset()
+    names: tuple[int, ...] = ()  # a heartbeat's payload, as spec requests (shown only)
+    source: Event | None = field(default=None, compare=False)
+
+    def describe(self) -> str:
+        if self.a == "hb":
+            what = "swallowed" if self.swallow else f"lost at {sorted(self.lost)}"
+            return f"t={self.t} heartbeat {list(self.names)} {what}"
+        if self.a in ("add", "recv"):
+            return f"t={self.t} {self.a} r={self.r}"
+        base = SpecEvent(self.a, self.r, self.w, self.batch, self.out, self.freed, self.fin)
+        return f"t={self.t} {base.describe()}"
+
+
+@dataclass
+class ClockMapped:
+    base: Mapped
+    lease_s: int
+    log: list[ClockEvent]
+    swallow_first: bool  # the first heartbeat was swallowed (KVClock's Swallow)
+    dropped_steps: set[int] = field(default_factory=set)  # idle producer steps, 1-based
+
+    @property
+    def heartbeats(self) -> int:
+        return sum(1 for e in self.log if e.a == "hb")
+
+    @property
+    def max_t(self) -> int:
+        return max((e.t for e in self.log), default=0)
+
+
+def lease_of(start: dict[str, object], override: int | None) -> int:
+    lease = override if override is not None else start.get("lease")
+    if lease is None:
+        raise MappingError("the recording does not say its kv_lease_duration (recorded before "
+                           "kvspec recorded it): pass --lease SECONDS")  # fmt: skip
+    n = int(str(lease))
+    if n <= 0 or n % TICKS_PER_LEASE:
+        raise MappingError(
+            f"kv_lease_duration {n} s is not a positive multiple of 6: vLLM's heartbeat "
+            "interval (lease // 6) and extension (lease * 2 // 3) are then no whole number of "
+            "ticks; record with a multiple of 6"
+        )
+    return n
+
+
+def _rank(label: str) -> int:
+    pp, _, tp = label.partition(":")
+    if pp != "0" or not tp.isdigit():
+        raise MappingError(f"a heartbeat went to producer agent {label!r}: only PP rank 0 "
+                           "agents are mapped (KVClock has no pipeline stages)")  # fmt: skip
+    return int(tp)
+
+
+def _heartbeats(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]]:
+    """(the recorded event where it takes effect, the spec heartbeat) per D heartbeat."""
+    sends = [e for e in events if e.role == "worker" and e.call == "heartbeat_send"
+             and e.result.get("remote_engine") == m.producer]  # fmt: skip
+    senders = sorted({(e.engine, e.rank) for e in sends})
+    if len(senders) > 1:
+        raise MappingError(f"heartbeats to {m.producer} from {len(senders)} decode workers "
+                           f"({senders}): KVClock models one decode worker's")  # fmt: skip
+    recvs: dict[int, list[Event]] = defaultdict(list)
+    for e in events:
+        if e.engine == m.producer and e.call == "heartbeat_recv":
+            recvs[e.rank].append(e)
+    nxt: dict[int, int] = defaultdict(int)
+    out = []
+    for s in sends:
+        names = tuple(sorted(m.requests[x] for x in s.reqs if x in m.requests))
+        sent = [_rank(str(x)) for x in s.result.get("sent", []) or []]
+        failed = [_rank(str(x)) for x in s.result.get("failed", []) or []]
+        if not sent and not failed:
+            out.append((s, ClockEvent("hb", swallow=True, names=names, source=s)))
+            continue
+        got: list[Event] = []
+        for w in sorted(set(sent)):
+            queue = recvs[w]
+            if nxt[w] < len(queue) and set(queue[nxt[w]].reqs) == set(s.reqs):
+                got.append(queue[nxt[w]])
+                nxt[w] += 1
+        lost = frozenset(range(m.world)) - {e.rank for e in got}
+        at = max(got, key=lambda e: (e.t_ns, e.pid, e.seq)) if got else s
+        out.append((at, ClockEvent("hb", lost=lost, names=names, source=at)))
+    for w, queue in recvs.items():
+        if nxt[w] < len(queue):
+            e = queue[nxt[w]]
+            raise MappingError(f"{m.producer} rank {w} handled heartbeat {list(e.reqs)} "
+                               f"(#{e.seq}) that no recorded decode worker sent: record "
+                               "every decode engine that reads from it")  # fmt: skip
+    return out
+
+
+def _decode_events(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]]:
+    """D's add_request of a P/D request and its scheduler's processed finished_recving.
+    A decode request is the producer's request its READs name (`read` events)."""
+    d_to_p = {e.reqs[0]: str(e.result.get("remote_request_id", "")) for e in events
+              if e.engine in m.consumers and e.call == "read"}  # fmt: skip
+
+    def r_of(rid: str) -> int | None:
+        return m.requests.get(d_to_p.get(rid, ""))
+
+    out = []
+    for e in events:
+        if e.engine not in m.consumers or e.role != "scheduler":
+            continue
+        if e.call == "add_request" and e.result.get("remote_prefill"):
+            r = r_of(e.reqs[0])
+            if r is not None:
+                out.append((e, ClockEvent("add", r=r, source=e)))
+        elif e.call == "update_from_output":
+            for rid in sorted(e.ids("finished_recving")):
+                r = r_of(rid)
+                if r is not None:
+                    out.append((e, ClockEvent("recv", r=r, source=e)))
+    return out
+
+
+def _key(e: Event) -> tuple[int, int, int]:
+    return (e.t_ns, e.pid, e.seq)
+
+
+def map_clock(events: list[Event], lease_s: int | None = None) -> ClockMapped:
+    m = map_recording(events, drop=False)
+    lease = lease_of(m.start, lease_s)
+    if len(m.consumers) > 1:
+        raise MappingError(f"{len(m.consumers)} decode engines read from {m.producer}: "
+                           "KVClock models one")  # fmt: skip
+    placed: list[tuple[tuple[int, int, int], int, ClockEvent]] = []
+    for n, e in enumerate(m.log):
+        if e.a == "recv" or e.source is None:  # KVTrace's "READ posted" observation
+            continue
+        ev = ClockEvent(e.a, e.r, e.w, 0, e.batch, e.out, e.freed, e.fin, source=e.source)
+        placed.append((_key(e.source), n, ev))
+    extra = _decode_events(events, m) + _heartbeats(events, m)
+    placed += [(_key(at), len(m.log) + i, ev) for i, (at, ev) in enumerate(extra)]
+    placed.sort(key=lambda x: (x[0], x[1]))
+    tick_ns = lease * 1_000_000_000 / TICKS_PER_LEASE
+    t0 = placed[0][0][0] if placed else 0
+    log = [replace(ev, t=int((k[0] - t0) // tick_ns)) for k, _, ev in placed]
+    kept, dropped = drop_idle_steps(log, breaks=lambda a, b: a.t != b.t)
+    hbs = [e for e in kept if e.a == "hb"]
+    return ClockMapped(m, lease, kept, bool(hbs) and hbs[0].swallow, dropped)

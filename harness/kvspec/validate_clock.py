@@ -1,0 +1,125 @@
+"""`kvspec validate TRACE_DIR --side clock`: is a recorded run a behaviour of the producer
+engine against the lease clock (spec/KVClock.tla), heartbeats and time included? The
+recording is mapped to ClockTrace.tla's Log (kvspec.record.clock_mapping) and TLC explores
+ClockTrace's TraceNext once per producer design, as kvspec.validate does with KVTrace. An
+admitted run is checked once more: does some explanation of it free a request before D's
+READs of it landed (NoFreeUnderRead, #21570)?
+
+D's bounds (hand-off, queue, READ, notification, lateness, handshake) are left open, to
+the end of the log: the recording bounds them. Heartbeats and the lease are what is
+checked: a heartbeat no sooner than its interval after the last, a lease extended only by
+a heartbeat P received, reaped at P's first step after it ran out and not before.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvspec.matrix import SPEC_FILE
+from kvspec.record.clock_mapping import ClockEvent, ClockMapped, map_clock
+from kvspec.record.log import Event
+from kvspec.tlc import run_tlc
+from kvspec.validate import VARIANTS, DesignVerdict, event_line, print_designs, row_for
+from kvspec.validate import trace_verdict as _verdict
+
+SPECS = [SPEC_FILE, SPEC_FILE.parent / "KVClock.tla", SPEC_FILE.parent / "ClockTrace.tla"]
+SLACK = 1  # ticks: an event's place inside its tick, and report delays, are not modelled
+SHOWN = ("req", "lease", "expired", "ttl", "sent", "atD", "hs", "hbAge", "now", "rd", "land")
+
+
+@dataclass
+class ClockVerdict:
+    design: DesignVerdict
+    safe: str = ""  # admitted runs: "safe" | "unsafe" | "inconclusive"
+
+
+@dataclass
+class ClockValidation:
+    mapped: ClockMapped
+    designs: list[ClockVerdict]
+
+    @property
+    def admitted(self) -> list[str]:
+        return [d.design.variant for d in self.designs if d.design.verdict == "admitted"]
+
+
+def _set(xs: frozenset[int]) -> str:
+    return "{" + ", ".join(str(x) for x in sorted(xs)) + "}"
+
+
+def _record(e: ClockEvent) -> str:
+    out = "<<" + ", ".join(_set(o) for o in e.out) + ">>"
+    swallow = "TRUE" if e.swallow else "FALSE"
+    return (f'[a |-> "{e.a}", r |-> {e.r}, w |-> {e.w}, t |-> {e.t}, batch |-> {_set(e.batch)}, '
+            f"out |-> {out}, freed |-> {_set(e.freed)}, fin |-> {_set(e.fin)}, "
+            f"swallow |-> {swallow}, lost |-> {_set(e.lost)}]")  # fmt: skip
+
+
+def trace_module(log: list[ClockEvent]) -> str:
+    body = ",\n    ".join(_record(e) for e in log)
+    head = "---- MODULE ClockTraceRun ----\nEXTENDS ClockTrace\n"
+    return f"{head}TheLog == <<\n    {body}\n>>\n====\n"
+
+
+def constants(cm: ClockMapped, variant: str) -> dict[str, str]:
+    """KVClock's constants for the recorded deployment: KVCompletion's from its topology,
+    vLLM's lease ratios in ticks, D's bounds open to the end of the log."""
+    row = row_for(cm.base, variant)
+    c = {k: v for k, v in row.constants().items() if k not in ("NReq", "Timing")}
+    open_ = str(cm.max_t + SLACK + 1)
+    reqs = "{" + ", ".join(str(r) for r in range(1, row.requests + 1)) + "}"
+    c |= {
+        "Reqs": reqs, "Lease": "6", "HbEvery": "1", "Extend": "4",
+        "AMax": open_, "QMax": open_, "RMax": open_, "NMax": open_, "DStall": open_,
+        "HsMax": open_, "MaxLost": "99", "Swallow": "TRUE" if cm.swallow_first else "FALSE",
+        "NotifFirst": "FALSE", "Abandon": "FALSE", "Slack": str(SLACK),
+        "MaxNow": str(cm.max_t + SLACK), "HbSeen": "TRUE" if cm.heartbeats else "FALSE",
+    }  # fmt: skip
+    return c
+
+
+def trace_cfg(consts: dict[str, str], invariant: str) -> str:
+    lines = ["CONSTANTS"] + [f"  {k} = {v}" for k, v in consts.items()]
+    lines += ["  Log <- TheLog", "  Arrived <- [KVCompletion] TraceArrived", "INIT TraceInit",
+              "NEXT TraceNext", f"INVARIANT {invariant}"]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def check_clock(cm: ClockMapped, variant: str, work: Path, timeout_s: float = 300) -> ClockVerdict:
+    try:
+        consts = constants(cm, variant)
+    except ValueError as exc:  # an ASSUME this design rejects
+        return ClockVerdict(DesignVerdict(variant, "inconclusive", detail=str(exc)))
+    d = work / f"clock-{variant}"
+    d.mkdir(parents=True, exist_ok=True)
+    for f in SPECS:
+        shutil.copy(f, d / f.name)
+    module = d / "ClockTraceRun.tla"
+    module.write_text(trace_module(cm.log))
+    cfg = d / "ClockTraceRun.cfg"
+    cfg.write_text(trace_cfg(consts, "TraceUnfinished"))
+    verdict = ClockVerdict(_verdict(variant, module, cfg, len(cm.log), timeout_s))
+    if verdict.design.verdict == "admitted":
+        safe = d / "ClockTraceSafe.cfg"
+        safe.write_text(trace_cfg(consts, "RunKeepsReadsSafe"))
+        res = run_tlc(module, safe, deadlock=False, log_dir=d, timeout_s=2 * timeout_s)
+        verdict.safe = {"holds": "safe", "violated": "unsafe"}.get(res.verdict, "inconclusive")
+    return verdict
+
+
+def validate_clock(events: list[Event], work: Path, variants: tuple[str, ...] = VARIANTS,
+                   lease_s: int | None = None) -> ClockValidation:  # fmt: skip
+    cm = map_clock(events, lease_s)
+    return ClockValidation(cm, [check_clock(cm, v, work) for v in variants])
+
+
+def print_clock(v: ClockValidation) -> None:
+    cm = v.mapped
+    print(f"clock: lease {cm.lease_s} s (a tick is {cm.lease_s / 6:g} s), {cm.max_t + 1} ticks, "
+          f"{cm.heartbeats} heartbeats, {len(cm.log)} spec events")  # fmt: skip
+    print_designs([d.design for d in v.designs], [event_line(e) for e in cm.log], SHOWN)
+    for d in v.designs:
+        if d.safe:
+            print(f"  {d.design.variant:16} reads: {d.safe} (NoFreeUnderRead on the run)")

@@ -1,0 +1,116 @@
+"""Trace validation against the lease clock (kvspec validate --side clock,
+spec/ClockTrace.tla): recorded real runs, heartbeats and time included, are behaviours of
+KVClock; doctored ones (a lease they did not run under, heartbeats P never handled) are
+not, at the event that gives them away. The recordings under conformance/recorded/ come
+from real vLLM 0.32 engines (kvspec scenario)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from kvspec.record import doctored
+from kvspec.record.clock_mapping import ClockEvent, map_clock
+from kvspec.record.compact import compact
+from kvspec.record.log import Event, read_dir
+from kvspec.record.mapping import MappingError
+from kvspec.validate_clock import validate_clock
+
+REPO = Path(__file__).resolve().parents[2]
+RECORDED = REPO / "conformance" / "recorded"
+
+
+def _recorded(name: str) -> list[Event]:
+    d = RECORDED / name
+    if not d.is_dir():
+        pytest.skip(f"{d} not committed")
+    return read_dir(d)
+
+
+def _verdict(events: list[Event], tmp: Path) -> tuple[str, int, str, list[ClockEvent]]:
+    v = validate_clock(events, tmp, ("v0.30-shipped",))
+    (d,) = v.designs
+    if d.design.verdict == "inconclusive":  # TLC timed out twice (a loaded machine)
+        pytest.skip(f"inconclusive: {d.design.detail}")
+    return d.design.verdict, d.design.explained, d.safe, v.mapped.log
+
+
+def _first(log: list[ClockEvent], pred: object) -> int:
+    return next(n for n, e in enumerate(log) if pred(e))  # type: ignore[operator]
+
+
+# ------------------------------------------------------------------ mapping (pure)
+def test_heartbeats_map_as_swallowed_then_unhandled() -> None:
+    """The hand-off run: D's first two heartbeats found the handshake pending; the next
+    two went out after P had freed everything and stopped stepping (never handled)."""
+    cm = map_clock(_recorded("handoff-lease-expiry"))
+    meta = json.loads((RECORDED / "handoff-lease-expiry" / "expect.json").read_text())
+    hbs = [e for e in cm.log if e.a == "hb"]
+    assert cm.lease_s == 6 and len(hbs) == meta["clock"]["heartbeats"]
+    assert [e.swallow for e in hbs] == [True, True, False, False]
+    assert all(e.lost == {0} for e in hbs[2:]) and cm.swallow_first
+
+
+def test_the_clock_keeps_a_producer_step_in_every_tick() -> None:
+    """A lease that ran out must be reaped at P's next step: each tick keeps P's steps."""
+    cm = map_clock(_recorded("handoff-lease-expiry"))
+    ticks = {e.t for e in cm.log if e.a == "execute"}
+    assert set(range(7)) <= ticks
+    assert [e.t for e in cm.log] == sorted(e.t for e in cm.log)
+
+
+def test_compacting_keeps_the_clock_log() -> None:
+    events = _recorded("handoff-lease-expiry")
+    again = compact(events)
+    assert len(again) == len(events)
+    assert [e.describe() for e in map_clock(again).log] == [
+        e.describe() for e in map_clock(events).log
+    ]
+
+
+def test_a_recording_without_a_lease_needs_one_and_a_lease_needs_whole_ticks() -> None:
+    events = _recorded("pd-basic")  # recorded before the start event said its lease
+    with pytest.raises(MappingError, match="--lease"):
+        map_clock(events)
+    assert map_clock(events, lease_s=120).lease_s == 120
+    with pytest.raises(MappingError, match="multiple of 6"):
+        map_clock(events, lease_s=31)
+
+
+# ------------------------------------------------------------------ TLC
+def test_the_handoff_run_is_explained_up_to_the_read_of_freed_blocks(tmp_path: Path) -> None:
+    """P's free at exactly its lease, with no heartbeat possible (D did not have the
+    requests yet), is a KVClock behaviour; D's READ of the freed blocks is not."""
+    verdict, explained, _, log = _verdict(_recorded("handoff-lease-expiry"), tmp_path)
+    assert (verdict, explained) == ("rejected", _first(log, lambda e: e.a == "read"))
+
+
+def test_negative_control_the_same_run_under_a_longer_lease_frees_too_early(
+    tmp_path: Path,
+) -> None:
+    """Claimed 12 s: the reaper's free came at half the lease: rejected at that step."""
+    events = doctored.claim_lease(_recorded("handoff-lease-expiry"), "P", 12)
+    verdict, explained, _, log = _verdict(events, tmp_path)
+    assert (verdict, explained) == (
+        "rejected",
+        _first(log, lambda e: e.a == "execute" and any(e.out)),
+    )
+
+
+def test_a_queued_request_kept_alive_by_heartbeats_is_admitted_and_safe(tmp_path: Path) -> None:
+    events = _recorded("pd-queued-heartbeats")
+    verdict, explained, safe, log = _verdict(events, tmp_path)
+    assert (verdict, explained, safe) == ("admitted", len(log), "safe")
+    assert sum(1 for e in log if e.a == "hb" and not e.swallow and not e.lost) >= 3
+
+
+def test_negative_control_heartbeats_p_never_handled_cannot_keep_the_lease(
+    tmp_path: Path,
+) -> None:
+    """Without the receipts the lease ran out while D waited; P did not reap it: the
+    first P step after the deadline (+ slack) is unexplained."""
+    events = doctored.drop_heartbeat_receipts(_recorded("pd-queued-heartbeats"), "P")
+    verdict, explained, _, log = _verdict(events, tmp_path)
+    assert verdict == "rejected"
+    assert log[explained].a in ("execute", "update", "schedule")

@@ -1,0 +1,126 @@
+------------------------------ MODULE ClockTrace ------------------------------
+(***************************************************************************)
+(* Trace validation against KVClock (issues #13, #16): is a run recorded   *)
+(* from real engines (kvspec record) a behaviour of the producer engine    *)
+(* against the lease clock, heartbeats included?  As KVTrace does for      *)
+(* KVCompletion, each logged event is explained by one KVClock action with *)
+(* the observed parameters; what the recording cannot see happens silently *)
+(* (a READ landing, its notification reaching P, the handshake completing, *)
+(* HF3FS stores).  New here: every event carries the tick it happened in   *)
+(* (its monotonic time in ticks of kv_lease_duration / 6 since the first   *)
+(* event), and the clock is a variable: an event is explained only while   *)
+(* the number of ticks taken is within Slack of its own tick.  So a lease  *)
+(* that expired (no heartbeat within the lease) must be reaped at P's next *)
+(* step, and a free by the reaper before the lease ran out has no          *)
+(* explanation.                                                            *)
+(*                                                                         *)
+(* Log records: [a, r, w, t, batch, out, freed, fin, swallow, lost]; a is *)
+(*  "arrive", "schedule", "execute", "update", "abort", "read": as KVTrace *)
+(*  "add"      D's Scheduler.add_request of r (on_new_request)             *)
+(*  "recv"     D's scheduler processed r's finished_recving                *)
+(*  "hb"       a heartbeat: swallowed by the pending handshake, or sent and *)
+(*             lost at the producer ranks in `lost` (no _handle_heartbeat)  *)
+(* The run is a behaviour iff a state with logIdx = Len(Log) is reachable: *)
+(* TraceUnfinished is then violated.                                       *)
+(***************************************************************************)
+EXTENDS KVClock
+
+CONSTANTS
+    Log,
+    Slack,    \* ticks an event may be placed from its recorded tick (its place
+              \* inside the tick, and the processes' reports, are not modelled)
+    MaxNow,   \* the last recorded tick + Slack: the clock stops there
+    HbSeen    \* the recording has heartbeat events (else heartbeats are silent)
+
+\* Named logIdx, not i: TLC resolves the bound i of KVCompletion's StepToRun to a
+\* state variable of that name.
+VARIABLES logIdx, arrived, now
+
+tvars == <<vars, logIdx, arrived, now>>
+
+\* Replaces KVCompletion's Arrived (the cfg says Arrived <- [KVCompletion] TraceArrived).
+TraceArrived(r) == r \in arrived
+
+\* What update_from_output's aggregation emits this step (KVCompletion's LET, named).
+Emitted == LET m == steps[1]
+               cnt(r) == Cardinality({w \in Ranks : r \in m.out[w]})
+           IN {r \in Reqs : cnt(r) > 0 /\ cnt(r) >= K!Remaining(r)}
+
+Finishing == {r \in steps[1].batch : req[r] = "running"}
+
+OnTime(e) == e.t <= now + Slack /\ now <= e.t + Slack
+
+Match(e) ==
+    CASE e.a = "arrive" ->
+            /\ arrived' = arrived \cup {e.r}
+            /\ UNCHANGED vars
+      [] e.a = "schedule" ->
+            /\ schedule
+            /\ steps'[Len(steps')].batch = e.batch
+            /\ UNCHANGED arrived
+      [] e.a = "execute" ->
+            /\ \E k \in 1 .. Len(steps) : ~steps[k].ran
+            /\ execute_model
+            /\ \A w \in Ranks : steps'[K!StepToRun].out[w] = e.out[w + 1]
+            /\ UNCHANGED arrived
+      [] e.a = "update" ->
+            /\ Len(steps) > 0 /\ steps[1].ran
+            /\ Emitted = e.freed
+            /\ Finishing = e.fin
+            /\ update_from_output
+            /\ UNCHANGED arrived
+      [] e.a = "abort" ->
+            /\ \/ abort(e.r)
+               \/ req[e.r] \notin {"waiting", "running"} /\ UNCHANGED vars
+            /\ UNCHANGED arrived
+      [] e.a = "add" ->
+            /\ consumer_add_request(e.r)
+            /\ UNCHANGED arrived
+      [] e.a = "read" ->
+            /\ consumer_start_load_kv(e.r, e.w)
+            /\ UNCHANGED arrived
+      [] e.a = "recv" ->
+            /\ consumer_update(e.r)
+            /\ UNCHANGED arrived
+      [] e.a = "hb" ->
+            /\ HbDue
+            /\ IF e.swallow THEN HbSwallowed ELSE HbSent(e.lost)
+            /\ UNCHANGED arrived
+
+\* A tick once nothing is live: KVClock's clock stops (its state space is finite),
+\* the recording's does not; nothing timed is left, so nothing changes.
+IdleTick ==
+    /\ \A r \in Reqs : req[r] = "freed" /\ r \notin Tracked
+    /\ UNCHANGED vars
+
+\* Actions the recording does not see.
+Silent ==
+    \/ \E r \in Reqs, w \in Ranks :
+          consumer_read_done(r, w) \/ consumer_get_finished(r, w) \/ store_complete(r, w)
+    \/ handshake_done
+    \/ ~HbSeen /\ heartbeat
+
+TraceInit == Init /\ logIdx = 0 /\ arrived = {} /\ now = 0
+
+TraceNext ==
+    \/ /\ logIdx < Len(Log)
+       /\ OnTime(Log[logIdx + 1])
+       /\ Match(Log[logIdx + 1])
+       /\ logIdx' = logIdx + 1
+       /\ UNCHANGED now
+    \/ /\ Silent
+       /\ UNCHANGED <<logIdx, arrived, now>>
+    \/ /\ now < MaxNow
+       /\ tick \/ IdleTick
+       /\ now' = now + 1
+       /\ UNCHANGED <<logIdx, arrived>>
+
+TraceSpec == TraceInit /\ [][TraceNext]_tvars
+
+\* Violated iff the whole log is explained (kvspec.validate_clock reads it that way round).
+TraceUnfinished == logIdx < Len(Log)
+
+\* Violated iff some explanation of the whole log frees a request before D's READs of it
+\* landed (#21570): checked once the run is admitted.
+RunKeepsReadsSafe == logIdx = Len(Log) => NoFreeUnderRead
+=============================================================================
