@@ -30,6 +30,11 @@ class Synth:
         self.events.append(Event(engine, "kv_both", role, rank, world, pid, seq, self._t, call,
                                  step, reqs, result))  # fmt: skip
 
+    def at(self, seconds: float) -> None:
+        """The next event happens `seconds` after the recording's start (not earlier than
+        the last one)."""
+        self._t = max(self._t, int(seconds * 1e9))
+
     def start(self) -> None:
         self.ev("P", "scheduler", 0, "start", connector="NixlConnector", children=[],
                 async_scheduling=self.async_scheduling, tp=self.world // self.pcp, pp=1,
@@ -99,4 +104,36 @@ def pcp2_fixed() -> list[Event]:
     s.read("a")
     s.recv("a")
     s.step(3, outs={0: ["a"]}, sending=("a",))
+    return s.events
+
+
+def heartbeating(lease: int = 12, ticks: int = 10, receipts: bool = True) -> list[Event]:
+    """P TP 1 with kv_lease_duration `lease` s (a tick: lease / 6): request a finishes at
+    once and D adds it; D's first heartbeat starts the handshake (swallowed), then one per
+    tick that P handles (`receipts`) while D waits `ticks` ticks (longer than the lease's 6)
+    before its READ; P frees a on the READ's notification. P steps twice in every tick."""
+    s = Synth()
+    tick = lease / 6
+    s.ev("P", "scheduler", 0, "start", connector="NixlConnector", children=[],
+         async_scheduling=False, tp=1, pp=1, pcp=1, lease=lease)  # fmt: skip
+    s.ev("P", "scheduler", 0, "add_request", ("a",), free=10)
+    s.step(1, new=("a",), finished=("a",))
+    s.ev("D", "scheduler", 0, "add_request", ("d-a",), free=10, remote_prefill=True)
+    s.ev("D", "worker", 0, "heartbeat_send", ("a",), remote_engine="P", sent=[], failed=[])
+    n = 2
+    for k in range(1, ticks + 1):
+        s.at((k + 0.5) * tick)
+        s.step(n)
+        s.ev("D", "worker", 0, "heartbeat_send", ("a",), remote_engine="P", sent=["0:0"],
+             failed=[])  # fmt: skip
+        if receipts:
+            s.ev("P", "worker", 0, "heartbeat_recv", ("a",), held=["a"])
+        s.step(n + 1)
+        n += 2
+    s.at((ticks + 0.7) * tick)
+    s.read("a")
+    s.recv("a")
+    s.ev("D", "scheduler", 0, "update_from_output", finished_sending=[],
+         finished_recving=["d-a"], failed_recving=[])  # fmt: skip
+    s.step(n, outs={0: ["a"]}, sending=("a",))
     return s.events
