@@ -215,34 +215,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work", type=Path, default=Path("build/validate"))
 
 
-def _decode_side(events: list[Event], args: argparse.Namespace) -> dict[str, object] | None:
-    """The decode side's verdicts as JSON (None: not validated, said on the terminal)."""
+def _where_mapped(args: argparse.Namespace, side: str, label: str,
+                  check: Callable[[], dict[str, object]]) -> dict[str, object] | None:  # fmt: skip
+    """A side validated where the recording allows it: its verdicts as JSON, or None (said
+    on the terminal) when the recording cannot be mapped for it, unless that side alone
+    was asked for (then the MappingError is the answer: exit 2)."""
+    try:
+        return check()
+    except MappingError as exc:
+        if args.side == side:
+            raise
+        print(f"{label}: not validated: {exc}")
+        return None
+
+
+def _decode_side(events: list[Event], args: argparse.Namespace) -> dict[str, object]:
     from kvspec.validate_decode import print_decode, validate_decode
 
-    try:
-        dv = validate_decode(events, args.work, engine=args.engine)
-    except MappingError as exc:
-        if args.side == "decode":
-            raise
-        print(f"decode side: not validated: {exc}")
-        return None
+    dv = validate_decode(events, args.work, engine=args.engine)
     print_decode(dv)
     return {"engine": dv.mapped.consumer, "events": len(dv.mapped.log),
             "log": [event_line(e) for e in dv.mapped.log],
             "designs": [d.to_json() for d in dv.designs], "admitted": dv.admitted}  # fmt: skip
 
 
-def _clock_side(events: list[Event], args: argparse.Namespace) -> dict[str, object] | None:
-    """The clock's verdicts as JSON (None: not validated, said on the terminal)."""
+def _clock_side(events: list[Event], args: argparse.Namespace) -> dict[str, object]:
     from kvspec.validate_clock import print_clock, validate_clock
 
-    try:
-        cv = validate_clock(events, args.work, tuple(args.variant or VARIANTS), args.lease)
-    except MappingError as exc:
-        if args.side == "clock":
-            raise
-        print(f"clock: not validated: {exc}")
-        return None
+    cv = validate_clock(events, args.work, tuple(args.variant or VARIANTS), args.lease)
     print_clock(cv)
     return {"lease_s": cv.mapped.lease_s, "heartbeats": cv.mapped.heartbeats,
             "events": len(cv.mapped.log), "log": [event_line(e) for e in cv.mapped.log],
@@ -266,12 +266,12 @@ def run(args: argparse.Namespace) -> int:
                 return 2
             ok.append(bool(v.admitted))
         if args.side in ("decode", "both"):
-            dec = _decode_side(events, args)
+            dec = _where_mapped(args, "decode", "decode side", lambda: _decode_side(events, args))
             if dec is not None:
                 doc["decode"] = dec
                 ok.append(bool(dec["admitted"]))
         if args.side in ("clock", "both"):
-            clk = _clock_side(events, args)
+            clk = _where_mapped(args, "clock", "clock", lambda: _clock_side(events, args))
             if clk is not None:
                 doc["clock"] = clk
                 ok.append(bool(clk["admitted"]))
