@@ -58,7 +58,8 @@ test-full:
 	$(MAKE) test VLLM_SAMPLE= PYTEST_MARK=
 
 # The design-review artifact: trace coverage, the mutation campaign, the lease-clock sweeps
-# (spec/LeaseClock.tla, spec/KVClock.tla), the decode side's sweep and its conformance (spec/Decode.tla), then
+# (spec/LeaseClock.tla, spec/KVClock.tla), the decode side's sweep and its conformance (spec/Decode.tla),
+# the committed real-engine recordings validated on every side (bench/validate.py), then
 # `kvspec review`
 # (full matrix + conformance on the installed vLLM) writes report/index.html + REPORT.md.
 review: venv-vllm
@@ -72,6 +73,7 @@ review: venv-vllm
 	$(VENV)/bin/kvspec clock --conform --json build/clock-conform.json
 	$(VENV)/bin/kvspec decode --json build/decode.json
 	$(VENV)/bin/kvspec decode --conform --tier full
+	$(VENV)/bin/python bench/validate.py --json build/recorded.json
 	$(VENV)/bin/kvspec review --out report/
 
 # Real engines (issue #16): each scenario starts vLLM engine processes with recording

