@@ -17,7 +17,7 @@ from kvspec.scenario import SCENARIOS, print_result, run_scenario
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("names", nargs="*",
-                   default=[n for n, s in SCENARIOS.items() if s.device == "cpu"])
+                   default=[n for n, s in SCENARIOS.items() if s.device == "cpu" and s.default])
     p.add_argument("--json", type=Path)
     p.add_argument("--out", type=Path, default=Path("build/scenario"))
     a = p.parse_args()
