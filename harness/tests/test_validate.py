@@ -125,7 +125,9 @@ def test_compacting_a_committed_recording_again_changes_nothing() -> None:
     assert [e.describe() for e in map_recording(compact(events)).log] == full
 
 
-@pytest.mark.parametrize("name", ["pd-basic", "pd-tp2", "pd-abort"])
+@pytest.mark.parametrize(
+    "name", ["pd-basic", "pd-tp2", "pd-abort", "lease-expiry", "queued-heartbeats-shm-recheck"]
+)
 def test_the_recorded_real_round_trips_are_admitted(name: str, tmp_path: Path) -> None:
     d = _recorded(name)
     meta = json.loads((d / "expect.json").read_text())

@@ -130,3 +130,19 @@ def test_negative_control_heartbeats_p_never_handled_cannot_keep_the_lease(
     verdict, explained, _, log = _verdict(events, tmp_path)
     assert verdict == "rejected"
     assert (log[explained].a, log[explained].t) == ("execute", 6)
+
+
+def test_a_stalled_producer_leaves_kvclocks_urgency(tmp_path: Path) -> None:
+    """A real run (shm queue re-check shortened: P, not D, stalled): P's worker had not
+    installed request 2's deadline when the next heartbeat was due a tick later. KVClock
+    lets time pass only once a stamped deadline is shipped, so the run leaves the model at
+    that heartbeat, with the deadline still missing on P's worker."""
+    events = _recorded("queued-heartbeats-shm-recheck")
+    v = validate_clock(events, tmp_path, ("v0.30-shipped",))
+    (d,) = v.designs
+    if d.design.verdict == "inconclusive":
+        pytest.skip(f"inconclusive: {d.design.detail}")
+    log = v.mapped.log
+    second_hb = [n for n, e in enumerate(log) if e.a == "hb"][1]
+    assert (d.design.verdict, d.design.explained) == ("rejected", second_hb)
+    assert all(2 not in s["lease"].as_dict()[0] for s in d.design.states)  # type: ignore[union-attr]

@@ -10,9 +10,12 @@ and extension (lease * 2 // 3 s, base_worker.py:532) are then 1 and 4 ticks exac
 
 Heartbeats: a decode worker's `heartbeat_send` to the producer engine that went to no
 rank was swallowed by the proactive handshake; one that went out is matched, per producer
-rank and in order, with that rank's `heartbeat_receive` of the same payload, and ranks
-without one lost it. The spec's heartbeat takes effect at the last matched receive (P
-extends at `_handle_heartbeat`, not at D's send).
+rank and in order, with that rank's `heartbeat_recv` of the same payload, and ranks
+without one lost it. The spec's heartbeat is placed at D's send, as KVClock delivers it.
+P extends at `_handle_heartbeat`, in its next step; a stalled P handled six at once in a
+recorded run, after D had stopped tracking the requests. Its reaper did not run in the
+stall either, and it handles notifications before it reaps, so the lease KVClock keeps
+from the send is never shorter than the real one where it matters.
 
 Idle producer steps are kept up to KEEP_IDLE per tick (not per run, as KVTrace's are):
 a lease that expired must be reaped at P's next step, so a step in each tick says whether
@@ -110,7 +113,7 @@ def _heartbeats(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]
         if e.engine == m.producer and e.call == "heartbeat_recv":
             recvs[e.rank].append(e)
     nxt: dict[int, int] = defaultdict(int)
-    out = []
+    out: list[tuple[Event, ClockEvent]] = []
     for s in sends:
         names = tuple(sorted(m.requests[x] for x in s.reqs if x in m.requests))
         sent = [_rank(str(x)) for x in s.result.get("sent", []) or []]
@@ -125,8 +128,7 @@ def _heartbeats(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]
                 got.append(queue[nxt[w]])
                 nxt[w] += 1
         lost = frozenset(range(m.world)) - {e.rank for e in got}
-        at = max(got, key=lambda e: (e.t_ns, e.pid, e.seq)) if got else s
-        out.append((at, ClockEvent("hb", lost=lost, names=names, source=at)))
+        out.append((s, ClockEvent("hb", lost=lost, names=names, source=s)))
     for w, queue in recvs.items():
         if nxt[w] < len(queue):
             e = queue[nxt[w]]
