@@ -53,13 +53,16 @@ CONSTANTS
     Swallow,   \* the first heartbeat starts the proactive handshake and is not sent
     HsMax,     \* longest proactive handshake, in ticks (heartbeats meanwhile are not sent)
     NotifFirst,\* a READ's notification may reach P before the READ lands (nixl#252)
-    Abandon    \* D may give up on a queued request for good (no READ, no heartbeat)
+    Abandon,   \* D may give up on a queued request for good (no READ, no heartbeat)
+    ShipLate   \* P may step late: time passes while a stamped deadline is not yet in a
+               \* built step (its TTL counts down, as vLLM's counts from the stamp) or
+               \* not yet installed (it does not: the worker rebases what was built)
 
 ASSUME /\ Transfer = "pull"
        /\ Lease \in Nat \ {0} /\ HbEvery \in Nat \ {0} /\ Extend \in Nat
        /\ AMax \in Nat /\ QMax \in Nat /\ RMax \in Nat \ {0} /\ NMax \in Nat /\ MaxLost \in Nat
        /\ DStall \in Nat /\ Swallow \in BOOLEAN /\ HsMax \in Nat /\ NotifFirst \in BOOLEAN
-       /\ Abandon \in BOOLEAN
+       /\ Abandon \in BOOLEAN /\ ShipLate \in BOOLEAN
 
 VARIABLES
     req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif, replQ,
@@ -231,6 +234,7 @@ handshake_done ==
 (* request: build_connector_meta runs within a step, not a tick).  A lease *)
 (* whose TTL reaches 0 has expired: the next reaper call frees it.         *)
 Unshipped == needSend # {} \/ \E i \in 1 .. Len(steps) : ~steps[i].ran /\ steps[i].toSend # {}
+InBuiltStep(r) == \E i \in 1 .. Len(steps) : ~steps[i].ran /\ r \in steps[i].toSend
 Bound(r, w) == IF <<r, w>> \in land THEN NMax ELSE RMax
 Pending(r, w) == Posted(r, w) /\ (<<r, w>> \notin land \/ rd[r][w] = "inflight")
 
@@ -241,11 +245,18 @@ tick ==
     /\ \A r \in Reqs, w \in Sources : Pending(r, w) => age[r][w] < Bound(r, w)
     /\ Tracked # {} => hbAge < HbEvery + DStall
     /\ hs = "pending" => hsAge < HsMax
-    /\ ~Unshipped
+    /\ ShipLate \/ ~Unshipped
     /\ \E r \in Reqs : req[r] # "freed" \/ r \in Tracked
     \* (every deadline is shipped at a tick: one P no longer holds is dropped)
+    \* (ShipLate: a deadline not yet in a built step counts down from its stamp; one in a
+    \* built step keeps its TTL, which the worker rebases when it installs it)
     /\ ttl' = [w \in Ranks |-> [r \in Reqs |->
-                 IF r \in lease[w] /\ ttl[w][r] > 0 THEN ttl[w][r] - 1 ELSE 0]]
+                 IF r \in lease[w] \/ (w \in Serve /\ r \in needSend)
+                 THEN IF ttl[w][r] > 0 THEN ttl[w][r] - 1 ELSE 0
+                 ELSE IF w \in Serve /\ InBuiltStep(r) THEN ttl[w][r]
+                 ELSE 0]]
+    \* (ShipLate: a deadline that ran out before its step was built expires at the first
+    \* tick after the step installs it; vLLM reaps it in that step: not driven, see clock.py)
     /\ expired' = [w \in Ranks |-> expired[w] \cup {r \in lease[w] : ttl[w][r] <= 1}]
     /\ qage' = [r \in Reqs |-> IF r \in Queued THEN qage[r] + 1 ELSE 0]
     /\ age' = [r \in Reqs |-> [w \in Ranks |-> IF Pending(r, w) THEN age[r][w] + 1 ELSE 0]]

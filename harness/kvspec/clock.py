@@ -30,7 +30,7 @@ _INTS = {
 }  # fmt: skip
 _BOOLS = {
     "AsyncScheduling": "async_scheduling", "Swallow": "swallow", "NotifFirst": "notif_first",
-    "Abandon": "abandon",
+    "Abandon": "abandon", "ShipLate": "ship_late",
 }  # fmt: skip
 CLOCK = Sweep(
     command="clock",

@@ -62,6 +62,9 @@ def why_not_driven(row: SweepRow) -> str | None:
         return "the early-break reaper is 0.29/0.30's"
     if c["NotifFirst"]:
         return "a notification overtaking its READ (only the LeaseClock driver injects it)"
+    if c.get("ShipLate"):
+        return ("a late producer: KVClock expires a deadline that ran out before its step "
+                "was built a tick after the step installs it, vLLM reaps it in that step")
     return None
 
 

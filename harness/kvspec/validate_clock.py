@@ -74,7 +74,7 @@ def constants(cm: ClockMapped, variant: str) -> dict[str, str]:
         "Reqs": reqs, "Lease": "6", "HbEvery": "1", "Extend": "4",
         "AMax": open_, "QMax": open_, "RMax": open_, "NMax": open_, "DStall": open_,
         "HsMax": open_, "MaxLost": "99", "Swallow": "TRUE" if cm.swallow_first else "FALSE",
-        "NotifFirst": "FALSE", "Abandon": "FALSE", "Slack": str(SLACK),
+        "NotifFirst": "FALSE", "Abandon": "FALSE", "ShipLate": "TRUE", "Slack": str(SLACK),
         "MaxNow": str(cm.max_t + SLACK), "HbSeen": "TRUE" if cm.heartbeats else "FALSE",
     }  # fmt: skip
     return c
