@@ -71,8 +71,8 @@ SCENARIOS = {
         Scenario("pd-tp2", "P at TP 2 -> D at TP 1: D READs from both producer ranks",
                  tp=2, lease=120),
         Scenario("pd-queued-heartbeats", "P -> D, 2 requests queued on D behind 16 local "
-                 "ones (one run slot) for longer than the 12 s lease: D's heartbeats keep P's "
-                 "lease alive", lease=12, queued=16,
+                 "ones (one run slot) for longer than the 12 s lease: only D's heartbeats can "
+                 "keep P's lease alive", lease=12, queued=16,
                  # not in make e2e: on 2 shared cores D's engine stalls 8-12 s while P
                  # busy-steps holding the blocks (every attempt; README), so P's lease ends
                  # and D READs freed blocks (conformance/recorded/d-stall-lease-expiry)
@@ -231,6 +231,7 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
 
 def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioResult:
     events = read_dir(rec)
+    undecided = False
     for eid in ["P"] + (["D"] if sc.consumer else []):
         base, last, freed = frees_of(events, eid)
         res.checks.append(Check(f"{eid} free blocks back to baseline", base is not None
@@ -244,12 +245,19 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
     res.checks.append(Check("admitted by " + ", ".join(sc.admits),
                             set(sc.admits) <= set(v.admitted),
                             "admitted: " + (", ".join(v.admitted) or "none")))  # fmt: skip
-    if sc.lease and sc.lease % 6 == 0:
-        # The producer against the lease clock, heartbeats included (spec/ClockTrace.tla).
-        from kvspec.validate_clock import validate_clock
+    # The producer against the lease clock, heartbeats included (spec/ClockTrace.tla),
+    # where the clock can map the run (the mapping says why not: one place decides).
+    from kvspec.record.mapping import MappingError
+    from kvspec.validate_clock import validate_clock
 
-        cv = validate_clock(events, out / "validate", ("v0.30-shipped",), sc.lease)
+    try:
+        cv = validate_clock(events, out / "validate", ("v0.30-shipped",), sc.lease or 30)
+    except MappingError as exc:
+        res.detail += f" clock: not validated: {exc}"
+    else:
         said = "; ".join(f"{d.design.variant}: {d.design.verdict} {d.safe}" for d in cv.designs)
+        if any("inconclusive" in (d.design.verdict, d.safe) for d in cv.designs):
+            undecided = True  # TLC timed out or failed: no verdict either way
         res.checks.append(Check("admitted by the clock, reads safe",
                                 [d.safe for d in cv.designs] == ["safe"],
                                 f"{cv.mapped.heartbeats} heartbeats, {len(cv.mapped.log)} "
@@ -263,7 +271,10 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
         said = "; ".join(f"{d.variant}: {d.verdict}" for d in dv.designs)
         res.checks.append(Check("decode side admitted by 0.32's design", dv.admitted == ["none"],
                                 f"{len(dv.mapped.log)} decode events; {said}"))  # fmt: skip
-    res.verdict = "pass" if all(c.ok for c in res.checks) else "fail"
+    if undecided and not all(c.ok for c in res.checks):
+        res.verdict = "inconclusive"
+    else:
+        res.verdict = "pass" if all(c.ok for c in res.checks) else "fail"
     return res
 
 

@@ -76,3 +76,25 @@ def test_a_recorded_round_trip_is_judged_on_both_sides(tmp_path: Path) -> None:
     names = [c.name for c in res.checks]
     assert res.verdict == "pass", res.checks
     assert "decode side admitted by 0.32's design" in names
+
+
+def test_a_clock_check_tlc_could_not_decide_makes_the_scenario_inconclusive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TLC run that timed out is no verdict: the scenario is inconclusive, not failed;
+    with the clock check decided the same recording passes (the control above)."""
+    import kvspec.validate_clock as vc
+    from kvspec.scenario import ScenarioResult, _judge
+    from kvspec.validate import DesignVerdict
+
+    real = vc.validate_clock
+
+    def undecided(*a: object, **k: object) -> vc.ClockValidation:
+        v = real(*a, **k)  # type: ignore[arg-type]
+        v.designs = [vc.ClockVerdict(DesignVerdict("v0.30-shipped", "inconclusive"))]
+        return v
+
+    monkeypatch.setattr(vc, "validate_clock", undecided)
+    rec = Path(__file__).resolve().parents[2] / "conformance" / "recorded" / "pd-basic"
+    res = _judge(SCENARIOS["pd-basic"], rec, tmp_path, ScenarioResult("pd-basic", "", 0.0))
+    assert res.verdict == "inconclusive", res.checks
