@@ -258,6 +258,9 @@ add_clock_parser = _stage_parser(
     "clock", "the producer engine against a lease clock (spec/KVClock.tla)"
 )
 add_decode_parser = _stage_parser("decode", "the decode-side round trip (spec/Decode.tla)")
+add_blocks_parser = _stage_parser(
+    "blocks", "a decode engine's KV blocks under async scheduling (spec/DecodeBlocks.tla)"
+)
 add_validate_parser = _stage_parser(
     "validate", "is a recorded real run (kvspec record) a behaviour of the spec, per design"
 )
@@ -283,6 +286,7 @@ PARSERS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], No
     add_lease_parser,
     add_clock_parser,
     add_decode_parser,
+    add_blocks_parser,
     add_validate_parser,
     add_record_parser,
     add_scenario_parser,

