@@ -58,7 +58,8 @@ test-full:
 	$(MAKE) test VLLM_SAMPLE= PYTEST_MARK=
 
 # The design-review artifact: trace coverage, the mutation campaign, the lease-clock sweeps
-# (spec/LeaseClock.tla, spec/KVClock.tla), the decode side's sweep and its conformance (spec/Decode.tla),
+# (spec/LeaseClock.tla, spec/KVClock.tla), the decode side's sweeps and their conformance
+# (spec/Decode.tla, spec/DecodeBlocks.tla),
 # the committed real-engine recordings validated on every side (bench/validate.py), then
 # `kvspec review`
 # (full matrix + conformance on the installed vLLM) writes report/index.html + REPORT.md.
@@ -73,6 +74,8 @@ review: venv-vllm
 	$(VENV)/bin/kvspec clock --conform --json build/clock-conform.json
 	$(VENV)/bin/kvspec decode --json build/decode.json
 	$(VENV)/bin/kvspec decode --conform --tier full
+	$(VENV)/bin/kvspec blocks --tier full --json build/blocks.json
+	$(VENV)/bin/kvspec blocks --conform --tier full --json build/blocks-conform.json
 	$(VENV)/bin/python bench/validate.py --json build/recorded.json
 	$(VENV)/bin/kvspec review --out report/
 

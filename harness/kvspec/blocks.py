@@ -7,6 +7,8 @@ kvspec.sweep's.
 
 `kvspec blocks [--tier fast|full] [--only NAME] [--json F] [--out DIR]`; exit 1 when a
 verdict differs from its expectation or TLC did not decide it, 2 on a bad matrix.
+`kvspec blocks --conform` replays the rows' edge-covering traces on the installed vLLM's
+decode scheduler (kvspec.blocks_traces): which design it implements.
 """
 
 from __future__ import annotations
@@ -41,7 +43,13 @@ BLOCKS = Sweep(
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_sweep_arguments(BLOCKS, p)
+    what = "replay every row's edge-covering traces on the installed vLLM's decode scheduler"
+    p.add_argument("--conform", action="store_true", help=what)
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_sweep(BLOCKS, args)
+    if not args.conform:
+        return run_sweep(BLOCKS, args)
+    from kvspec.blocks_traces import run_blocks_conform
+
+    return run_blocks_conform(BLOCKS, args)

@@ -130,7 +130,7 @@ def run_mutant(
 ) -> Outcome:
     """Replay `traces` (default: base_traces of the mutant's base) under the mutant."""
     t0 = time.perf_counter()
-    if traces is None and mutant.family != "decode":
+    if traces is None and mutant.family == "producer":
         traces = base_traces(mutant.base.variant)[0]
     from kvspec.drivers.vllm_cluster import discard_built_inside
 
@@ -141,6 +141,10 @@ def run_mutant(
         if mutant.family == "decode":
             dec = run_decode_regressions(device, frozenset(mutant.decode_rows))
             return _decode_outcome(mutant, dec, t0)
+        if mutant.family == "blocks":  # the decode scheduler's block frees (DecodeBlocks)
+            from kvspec.blocks_traces import run_blocks_regressions
+
+            return _decode_outcome(mutant, run_blocks_regressions(), t0)
         name, div, crash = run_traces(traces or [], device)
         if div is None and not crash and device == "cpu":
             lease = run_lease_regressions()

@@ -320,6 +320,7 @@ def _env() -> jinja2.Environment:
 
 _NO_SWEEPS: dict[str, Any] = {
     "lease": {"rows": None}, "clock": {"rows": None}, "decode": {"rows": None, "cexes": []},
+    "blocks": {"rows": None},
 }  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""The report's sweep sections: `kvspec lease`, `kvspec clock` and `kvspec decode` results
+"""The report's sweep sections: `kvspec lease`, `clock`, `decode` and `blocks` results
 (their JSON) and the decode side's counterexamples drawn as a round trip, one lane per engine
 part: D's scheduler, D's workers, the producer ranks (the ITF files `kvspec decode` keeps
 under its --out directory)."""
@@ -121,12 +121,15 @@ def sweeps_context(
     versions_json: Path = Path("build/versions.json"),
     clock_json: Path = Path("build/clock.json"),
     recorded_json: Path = Path("build/recorded.json"),
+    blocks_json: Path = Path("build/blocks.json"),
 ) -> dict[str, Any]:  # fmt: skip
-    """{lease, clock, decode, releases, recorded}: rows (None when that sweep's JSON is
+    """{lease, clock, decode, blocks, releases, recorded}: rows (None when that sweep's JSON is
     missing) and, for decode, each violated invariant's counterexample as lanes."""
     out: dict[str, Any] = {"releases": release_rows(versions_json),
                            "recorded": recorded_rows(recorded_json)}  # fmt: skip
-    for name, path in (("lease", lease_json), ("clock", clock_json), ("decode", decode_json)):
+    sweeps = (("lease", lease_json), ("clock", clock_json), ("decode", decode_json),
+              ("blocks", blocks_json))  # fmt: skip
+    for name, path in sweeps:
         data = _load(path)
         out[name] = {
             "rows": None if data is None else _rows(data),

@@ -132,7 +132,8 @@ def run_review(args: argparse.Namespace) -> int:
     from kvspec.report_sweeps import sweeps_context
 
     sweeps = sweeps_context(
-        args.lease_json, args.decode_json, args.decode_dir, args.versions_json, args.clock_json
+        args.lease_json, args.decode_json, args.decode_dir, args.versions_json, args.clock_json,
+        blocks_json=args.blocks_json,
     )
     build_report(check, conform, traces, mutants, versions, args.out, sweeps)
     results = check.get("results") or []

