@@ -13,10 +13,9 @@ decode scheduler (kvspec.blocks_traces): which design it implements.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from kvspec.sweep import Const, Sweep, add_sweep_arguments, run_sweep
+from kvspec.sweep import Const, Sweep, conform_command
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCKS = Sweep(
@@ -41,15 +40,7 @@ BLOCKS = Sweep(
 )
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_sweep_arguments(BLOCKS, p)
-    what = "replay every row's edge-covering traces on the installed vLLM's decode scheduler"
-    p.add_argument("--conform", action="store_true", help=what)
-
-
-def run(args: argparse.Namespace) -> int:
-    if not args.conform:
-        return run_sweep(BLOCKS, args)
-    from kvspec.blocks_traces import run_blocks_conform
-
-    return run_blocks_conform(BLOCKS, args)
+add_arguments, run = conform_command(
+    BLOCKS, "replay every row's edge-covering traces on the installed vLLM's decode scheduler",
+    "kvspec.blocks_traces:run_blocks_conform",
+)  # fmt: skip

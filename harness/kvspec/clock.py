@@ -16,10 +16,9 @@ perf_counter, D's real heartbeats, READs and notifications as separate steps.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from kvspec.sweep import Const, Sweep, add_sweep_arguments, run_sweep
+from kvspec.sweep import Const, Sweep, conform_command
 
 REPO = Path(__file__).resolve().parents[2]
 _INTS = {
@@ -63,15 +62,7 @@ CLOCK = Sweep(
 )
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_sweep_arguments(CLOCK, p)
-    what = "replay every row's edge-covering traces on the real classes"
-    p.add_argument("--conform", action="store_true", help=what)
-
-
-def run(args: argparse.Namespace) -> int:
-    if not args.conform:
-        return run_sweep(CLOCK, args)
-    from kvspec.clock_traces import run_clock_conform
-
-    return run_clock_conform(CLOCK, args)
+add_arguments, run = conform_command(
+    CLOCK, "replay every row's edge-covering traces on the real classes",
+    "kvspec.clock_traces:run_clock_conform",
+)  # fmt: skip

@@ -13,11 +13,12 @@ liveness properties in a second run. A timed-out or failed run leaves its proper
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import shutil
 import sys
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -285,6 +286,27 @@ def add_sweep_arguments(sweep: Sweep, p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", action="append", default=[], help="row name (repeatable)")
     p.add_argument("--out", type=Path, default=Path("build") / sweep.command)
     p.add_argument("--json", type=Path, default=None)
+
+
+def conform_command(
+    sweep: Sweep, what: str, conform: str
+) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]:
+    """(add_arguments, run) of a sweep command with `--conform` (help `what`): run runs the
+    sweep, or with --conform `conform` ("module:function", imported only then: it pulls
+    in the drivers) on (sweep, args)."""
+
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        add_sweep_arguments(sweep, p)
+        p.add_argument("--conform", action="store_true", help=what)
+
+    def run(args: argparse.Namespace) -> int:
+        if not args.conform:
+            return run_sweep(sweep, args)
+        module, _, func = conform.partition(":")
+        result: int = getattr(importlib.import_module(module), func)(sweep, args)
+        return result
+
+    return add_arguments, run
 
 
 def run_sweep(sweep: Sweep, args: argparse.Namespace) -> int:

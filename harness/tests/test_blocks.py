@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from kvspec.blocks import BLOCKS
-from kvspec.cli import main
-from kvspec.sweep import Sweep, SweepMatrixError, check_sweep_row, load_sweep_matrix
+from kvspec.sweep import Sweep, check_sweep_row, load_sweep_matrix
+from sweep_checks import assert_bad_matrix_is_one_line_and_exit_2
 
 ROWS = {r.name: r for r in load_sweep_matrix(BLOCKS)}
 needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="java not installed")
@@ -42,15 +42,7 @@ def test_the_matrix_has_each_design_at_each_depth_and_known_bad_rows_fail() -> N
 def test_bad_matrix_is_one_line_and_exit_2(
     tmp_path: Path, text: str, needle: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    head = BLOCKS.matrix.read_text().split("[[row]]")[0]
-    bad = tmp_path / "m.toml"
-    bad.write_text(head + text)
-    with pytest.raises(SweepMatrixError) as exc:
-        load_sweep_matrix(BLOCKS, bad)
-    assert needle in str(exc.value) and "\n" not in str(exc.value)
-    assert main(["blocks", "--matrix", str(bad), "--out", str(tmp_path / "o")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and str(bad) in err
+    assert_bad_matrix_is_one_line_and_exit_2(BLOCKS, text, needle, tmp_path, capsys)
 
 
 @needs_java

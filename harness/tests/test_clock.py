@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvspec.cli import main
 from kvspec.clock import CLOCK
 from kvspec.clock_traces import step_of, why_not_driven
-from kvspec.sweep import SweepMatrixError, check_sweep_row, load_sweep_matrix
+from kvspec.sweep import check_sweep_row, load_sweep_matrix
+from sweep_checks import assert_bad_matrix_is_one_line_and_exit_2
 
 ROWS = {r.name: r for r in load_sweep_matrix(CLOCK)}
 
@@ -32,12 +32,9 @@ def test_matrix_keeps_vllms_ratios_and_has_fast_rows() -> None:
 def test_bad_matrix_is_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bad = tmp_path / "m.toml"
-    bad.write_text(CLOCK.matrix.read_text().split("[[row]]")[0] + '[[row]]\nname = "a"\ntp = -2\n')
-    with pytest.raises(SweepMatrixError, match="tp must be a non-negative integer"):
-        load_sweep_matrix(CLOCK, bad)
-    assert main(["clock", "--matrix", str(bad), "--out", str(tmp_path / "o")]) == 2
-    assert capsys.readouterr().err.strip().count("\n") == 0
+    row = '[[row]]\nname = "a"\ntp = -2\n'
+    needle = "tp must be a non-negative integer"
+    assert_bad_matrix_is_one_line_and_exit_2(CLOCK, row, needle, tmp_path, capsys)
 
 
 @pytest.mark.skipif(shutil.which("java") is None, reason="java not installed")
@@ -81,11 +78,11 @@ def _st(**kw: Any) -> dict[str, Any]:
     return {**base, **kw}
 
 
-BOTH = frozenset({0, 1})  # D reads and heartbeats producer ranks 0 and 1; Extend = 4
+BOTH = frozenset({0, 1})  # D reads and heartbeats producer ranks 0 and 1
 
 
 def _step(a: dict[str, Any], b: dict[str, Any], action: str) -> tuple[str, tuple[Any, ...]]:
-    return step_of(a, b, action, BOTH, 4)
+    return step_of(a, b, action, BOTH)
 
 
 def test_step_of_reads_the_request_and_rank_off_the_change() -> None:
@@ -112,19 +109,13 @@ def test_step_of_reads_the_request_and_rank_off_the_change() -> None:
 def test_a_heartbeats_lost_messages_are_read_off_its_effect() -> None:
     from kvspec.tlcvalue import make_fn
 
-    # both ranks hold r with 2 ticks left: rank 0's lease was extended to 4, rank 1's not
-    one = _st(ttl=make_fn([(0, (4,)), (1, (2,))]), lost=1)
-    assert _step(_st(), one, "heartbeat") == ("heartbeat", (frozenset({1}),))
-    assert _step(_st(), _st(lost=2), "heartbeat") == ("heartbeat", (frozenset({0, 1}),))
-    both = _st(ttl=make_fn([(0, (4,)), (1, (4,))]))
-    assert _step(_st(), both, "heartbeat") == ("heartbeat", (frozenset(),))
-    # an expired lease made live again is a delivered message too
-    exp = _st(
-        ttl=make_fn([(0, (0,)), (1, (2,))]),
-        expired=make_fn([(0, frozenset({1})), (1, frozenset())]),
-    )
-    back = _st(ttl=make_fn([(0, (4,)), (1, (4,))]))
-    assert _step(exp, back, "heartbeat") == ("heartbeat", (frozenset(),))
-    # no lease a message could change (TTLs at or above the extension): delivered
-    full = _st(ttl=make_fn([(0, (5,)), (1, (5,))]))
-    assert _step(full, full, "heartbeat") == ("heartbeat", (frozenset(),))
+    none = make_fn([(0, frozenset()), (1, frozenset())])
+    # a delivered message waits at its rank (hbq) for P's next step; a lost one does not
+    one = _st(hbq=make_fn([(0, frozenset({1})), (1, frozenset())]), lost=1)
+    assert _step(_st(hbq=none), one, "heartbeat") == ("heartbeat", (frozenset({1}),))
+    lost2 = _st(hbq=none, lost=2)
+    assert _step(_st(hbq=none), lost2, "heartbeat") == ("heartbeat", (frozenset({0, 1}),))
+    both = _st(hbq=make_fn([(0, frozenset({1})), (1, frozenset({1}))]))
+    assert _step(_st(hbq=none), both, "heartbeat") == ("heartbeat", (frozenset(),))
+    # every tracked request waits at both ranks already: delivered and lost are one step
+    assert _step(both, both, "heartbeat") == ("heartbeat", (frozenset(),))

@@ -11,9 +11,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from kvspec.cli import main
 from kvspec.decode import BUGS, DECODE
-from kvspec.sweep import Sweep, SweepMatrixError, check_sweep_row, load_sweep_matrix
+from kvspec.sweep import Sweep, check_sweep_row, load_sweep_matrix
+from sweep_checks import assert_bad_matrix_is_one_line_and_exit_2
 
 ROWS = {r.name: r for r in load_sweep_matrix(DECODE)}
 needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="java not installed")
@@ -48,15 +48,7 @@ def test_every_bug_is_a_known_bad_row_and_shipped_rows_hold() -> None:
 def test_bad_matrix_is_one_line_and_exit_2(
     tmp_path: Path, text: str, needle: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    head = DECODE.matrix.read_text().split("[[row]]")[0]
-    bad = tmp_path / "m.toml"
-    bad.write_text(head + text)
-    with pytest.raises(SweepMatrixError) as exc:
-        load_sweep_matrix(DECODE, bad)
-    assert needle in str(exc.value) and "\n" not in str(exc.value)
-    assert main(["decode", "--matrix", str(bad), "--out", str(tmp_path / "o")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and str(bad) in err
+    assert_bad_matrix_is_one_line_and_exit_2(DECODE, text, needle, tmp_path, capsys)
 
 
 @needs_java
