@@ -82,12 +82,14 @@ VARIABLES
     hs,     \* D's handshake with the producer engine: "none", "pending" (started by a
             \* heartbeat, which it swallowed; so is every heartbeat until it is done), "done"
     hsAge,  \* ticks the handshake has been pending
-    lost    \* heartbeat messages lost so far
+    lost,   \* heartbeat messages lost so far
+    hbq     \* requests named by heartbeats that reached rank w's agent and wait for
+            \* its next step (NIXL queues them until _get_new_notifs reads them)
 
 kvvars == <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif, replQ,
             extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits, lateFinish,
             clobbered, published>>
-cvars == <<ttl, qage, age, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost>>
+cvars == <<ttl, qage, age, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq>>
 vars == <<kvvars, cvars>>
 
 K == INSTANCE KVCompletion WITH NReq <- Cardinality(Reqs), Timing <- "untimed"
@@ -117,20 +119,35 @@ Init ==
     /\ hs = IF Swallow THEN "none" ELSE "done"
     /\ hsAge = 0
     /\ lost = 0
+    /\ hbq = [w \in Ranks |-> {}]
 
 -----------------------------------------------------------------------------
 (* KVCompletion's producer steps.  A request that becomes "sending" gets its *)
 (* deadline (request_finished) and goes to the router; one that stops being it has *)
-(* no deadline any more.                                                   *)
-Stamp ==
+(* no deadline any more.  E[w]: the leases a heartbeat extended on rank w.  *)
+StampExt(E) ==
     /\ ttl' = [w \in Ranks |-> [r \in Reqs |->
                  IF w \notin Serve \/ req'[r] # "sending" THEN 0
-                 ELSE IF req[r] # "sending" THEN Lease ELSE ttl[w][r]]]
+                 ELSE IF req[r] # "sending" THEN Lease
+                 ELSE IF r \in E[w] THEN Max(ttl[w][r], Extend)
+                 ELSE ttl[w][r]]]
     /\ sent' = sent \cup {r \in Reqs : req'[r] = "sending"}
     /\ UNCHANGED <<qage, age, land, atD, seen, gone, hbAge, hs, hsAge, lost>>
 
+\* (a waiting heartbeat naming a request P freed can change nothing: dropped)
+Stamp == StampExt(K!NoReports) /\ hbq' = [w \in Ranks |-> {r \in hbq[w] : req'[r] = "sending"}]
+
 schedule == K!schedule /\ Stamp
-execute_model == K!execute_model /\ Stamp
+(* Each rank's get_transfer_results reads the heartbeats waiting at its agent *)
+(* (_get_new_notifs -> _handle_heartbeat) after start_load_kv installed this *)
+(* step's leases and before the reaper: a waiting heartbeat extends every     *)
+(* lease the rank holds by then, from now, even one whose deadline ran out;   *)
+(* one it does not hold is ignored (pull_worker.py:95-119, 642-659;           *)
+(* base_worker.py:2853-2985, 3042-3060).                                      *)
+execute_model ==
+    /\ K!ExecuteModelWith(hbq, [w \in Ranks |-> {r \in Reqs : ttl[w][r] = 0}])
+    /\ StampExt([w \in Ranks |-> hbq[w] \cap lease'[w]])
+    /\ hbq' = [w \in Ranks |-> {}]
 update_from_output == K!update_from_output /\ Stamp
 abort(r) == K!abort(r) /\ Stamp
 store_complete(r, w) == K!store_complete(r, w) /\ UNCHANGED cvars
@@ -140,14 +157,16 @@ store_complete(r, w) == K!store_complete(r, w) /\ UNCHANGED cvars
 consumer_add_request(r) ==
     /\ r \in sent \ atD
     /\ atD' = atD \cup {r}
-    /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, seen, gone, hbAge, hs, hsAge, lost>>
+    /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, seen, gone, hbAge, hs, hsAge, lost,
+                   hbq>>
 
 (* D's scheduler processes r's finished_recving (update_connector_output)  *)
 (* and stops heartbeating it.                                               *)
 consumer_update(r) ==
     /\ r \in atD \ seen /\ AllLanded(r)
     /\ seen' = seen \cup {r}
-    /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, atD, gone, hbAge, hs, hsAge, lost>>
+    /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, atD, gone, hbAge, hs, hsAge, lost,
+                   hbq>>
 
 (* D's start_load_kv posts the READ of r from producer rank w.             *)
 consumer_start_load_kv(r, w) ==
@@ -158,14 +177,14 @@ consumer_start_load_kv(r, w) ==
     /\ K!consumer_start_load_kv(r, w)
     /\ qage' = [qage EXCEPT ![r] = IF \A v \in Sources \ {w} : Posted(r, v) THEN 0 ELSE @]
     /\ age' = [age EXCEPT ![r][w] = 0]
-    /\ UNCHANGED <<ttl, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost>>
+    /\ UNCHANGED <<ttl, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq>>
 
 (* The READ lands in D's blocks (D's get_transfer_results reports it).      *)
 consumer_read_done(r, w) ==
     /\ Posted(r, w) /\ <<r, w>> \notin land
     /\ land' = land \cup {<<r, w>>}
     /\ age' = [age EXCEPT ![r][w] = 0]
-    /\ UNCHANGED <<kvvars, ttl, qage, sent, atD, seen, gone, hbAge, hs, hsAge, lost>>
+    /\ UNCHANGED <<kvvars, ttl, qage, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq>>
 
 (* The READ's "r:1" reaches rank w's agent (KVCompletion's                  *)
 (* consumer_get_finished); after the READ landed, or before it (NotifFirst).*)
@@ -174,7 +193,7 @@ consumer_get_finished(r, w) ==
     /\ K!consumer_get_finished(r, w)
     \* an overtaking notification leaves the READ's own bound running
     /\ age' = [age EXCEPT ![r][w] = IF <<r, w>> \in land THEN 0 ELSE @]
-    /\ UNCHANGED <<ttl, qage, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost>>
+    /\ UNCHANGED <<ttl, qage, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq>>
 
 (* D gives up on a queued request for good.  Not fair.                      *)
 abandon(r) ==
@@ -183,30 +202,30 @@ abandon(r) ==
     /\ \A w \in Sources : ~Posted(r, w)
     /\ gone' = gone \cup {r}
     /\ qage' = [qage EXCEPT ![r] = 0]
-    /\ UNCHANGED <<kvvars, ttl, age, land, sent, atD, seen, hbAge, hs, hsAge, lost>>
+    /\ UNCHANGED <<kvvars, ttl, age, land, sent, atD, seen, hbAge, hs, hsAge, lost, hbq>>
 
 (* D's scheduler packages heartbeats (once per interval) and every D rank's *)
 (* _send_heartbeats sends "HB:<tracked ids>" to its producer agents; the    *)
-(* messages to the ranks in L are lost.  P's _handle_heartbeat extends      *)
-(* every lease it still holds (a deadline that passed but was not reaped    *)
-(* yet is live again).                                                     *)
+(* messages to the ranks in L are lost.  The others wait at P's agents for  *)
+(* P's next step (execute_model), whose _handle_heartbeat extends every     *)
+(* lease the rank then holds (a deadline that passed but was not reaped is  *)
+(* live again).                                                            *)
 \* The first heartbeat to the producer engine starts the handshake; nothing is sent.
 HbSwallowed ==
     /\ hs # "done"
     /\ hs' = "pending"
-    /\ UNCHANGED <<ttl, expired, lost, hsAge>>
+    /\ UNCHANGED <<ttl, expired, lost, hsAge, hbq>>
 
 \* A heartbeat sent to every source rank, lost at the ranks in L.
 HbSent(L) ==
     /\ hs = "done"
-    /\ LET got == Sources \ L
-           ext(w, r) == w \in got /\ r \in Tracked /\ r \in lease[w]
-       IN /\ lost + Cardinality(L) <= MaxLost
-          /\ lost' = IF MaxLost >= 99 THEN lost ELSE lost + Cardinality(L)
-          /\ ttl' = [w \in Ranks |-> [r \in Reqs |->
-                      IF ext(w, r) THEN Max(ttl[w][r], Extend) ELSE ttl[w][r]]]
-          /\ expired' = [w \in Ranks |-> {r \in expired[w] : ~ext(w, r)}]
-    /\ UNCHANGED <<hs, hsAge>>
+    /\ lost + Cardinality(L) <= MaxLost
+    /\ lost' = IF MaxLost >= 99 THEN lost ELSE lost + Cardinality(L)
+    \* (only the requests P still holds: a heartbeat for a freed one changes nothing)
+    /\ hbq' = [w \in Ranks |-> IF w \in Sources \ L
+                              THEN hbq[w] \cup {r \in Tracked : req[r] = "sending"}
+                              ELSE hbq[w]]
+    /\ UNCHANGED <<hs, hsAge, ttl, expired>>
 
 \* What every heartbeat does besides (the interval, and no other variable).
 HbDue ==
@@ -225,14 +244,17 @@ handshake_done ==
     /\ hs = "pending"
     /\ hs' = "done"
     /\ hsAge' = 0
-    /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, atD, seen, gone, hbAge, lost>>
+    /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, atD, seen, gone, hbAge, lost, hbq>>
 
 (* One tick.  Bounded delays are urgent: the clock does not pass D's queue  *)
 (* wait, a READ or a notification at its bound, a due heartbeat (D's engine *)
 (* steps while it waits, DStall ticks late at most), or a deadline stamped *)
 (* but not yet shipped to the workers (P's engine steps while it holds a    *)
 (* request: build_connector_meta runs within a step, not a tick).  A lease *)
-(* whose TTL reaches 0 has expired: the next reaper call frees it.         *)
+(* whose TTL reaches 0 has expired: the next reaper call frees it.  So does *)
+(* one that ran out before it was installed (ShipLate), in its install's   *)
+(* own step (start_load_kv installs it, the reaper of that step frees it: *)
+(* execute_model passes those, TTL 0, to KVCompletion's step).             *)
 Unshipped == needSend # {} \/ \E i \in 1 .. Len(steps) : ~steps[i].ran /\ steps[i].toSend # {}
 InBuiltStep(r) == \E i \in 1 .. Len(steps) : ~steps[i].ran /\ r \in steps[i].toSend
 Bound(r, w) == IF <<r, w>> \in land THEN NMax ELSE RMax
@@ -255,8 +277,8 @@ tick ==
                  THEN IF ttl[w][r] > 0 THEN ttl[w][r] - 1 ELSE 0
                  ELSE IF w \in Serve /\ InBuiltStep(r) THEN ttl[w][r]
                  ELSE 0]]
-    \* (ShipLate: a deadline that ran out before its step was built expires at the first
-    \* tick after the step installs it; vLLM reaps it in that step: not driven, see clock.py)
+    \* (ShipLate: one that runs out before its step is built keeps TTL 0 until the step
+    \* that installs it, whose reaper frees it: execute_model)
     /\ expired' = [w \in Ranks |-> expired[w] \cup {r \in lease[w] : ttl[w][r] <= 1}]
     /\ qage' = [r \in Reqs |-> IF r \in Queued THEN qage[r] + 1 ELSE 0]
     /\ age' = [r \in Reqs |-> [w \in Ranks |-> IF Pending(r, w) THEN age[r][w] + 1 ELSE 0]]
@@ -264,7 +286,8 @@ tick ==
     /\ hsAge' = IF hs = "pending" THEN hsAge + 1 ELSE 0
     /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, notif, replQ,
                    extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits,
-                   lateFinish, clobbered, published, land, sent, atD, seen, gone, hs, lost>>
+                   lateFinish, clobbered, published, land, sent, atD, seen, gone, hs, lost,
+                   hbq>>
 
 Done == /\ \A r \in Reqs : req[r] = "freed" /\ r \notin Tracked /\ (r \in sent => r \in atD)
         /\ \A r \in Reqs, w \in Ranks : ~Pending(r, w)
@@ -296,6 +319,7 @@ Spec == Init /\ [][Next]_vars
 
 TypeOK ==
     /\ K!TypeOK
+    /\ hbq \in [Ranks -> SUBSET Reqs]
     /\ ttl \in [Ranks -> [Reqs -> 0 .. Max(Lease, Extend)]]
     /\ land \subseteq Reqs \X Ranks /\ atD \subseteq sent /\ sent \subseteq Reqs
     /\ seen \subseteq atD /\ gone \subseteq atD
@@ -321,10 +345,12 @@ AtMostOnceEmit == K!AtMostOnceEmit
 (* The two timing guards of KVCompletion's "guarded" rows hold here: no     *)
 (* READ is posted on an expired lease, and no lease expires under a READ    *)
 (* that has not landed.  Where this holds, the guarded rows' verdicts are   *)
-(* those of vLLM at these ratios.                                          *)
+(* those of vLLM at these ratios.  A deadline that passed while a heartbeat *)
+(* waits at the rank is not expired for the reaper (the heartbeat is read   *)
+(* first): only a lease the next reaper frees counts.                       *)
 GuardsHold ==
     /\ \A r \in Reqs, w \in Ranks : rd[r][w] = "inflight" /\ <<r, w>> \notin land
-           => r \notin expired[w]
+           => r \notin expired[w] \ hbq[w]
 
 \* Every request D received is freed on P and fully read (or given up) by D.
 EveryRequestDone == \A r \in Reqs : (r \in atD) ~> (req[r] = "freed" /\ r \notin Tracked)

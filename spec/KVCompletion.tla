@@ -299,8 +299,10 @@ StepToRun == CHOOSE i \in 1 .. Len(steps) :
                 /\ \A j \in 1 .. (i - 1) : steps[j].ran
 
 \* One rank's worker connector running step metadata m: the new per-rank
-\* state and the set it reports as finished_sending.
-RankStep(w, m) ==
+\* state and the set it reports as finished_sending.  KVClock's, none here: hbw,
+\* the requests named by heartbeats waiting at w's agent; doa, the requests whose
+\* deadline ran out before the step that installs it (a late producer).
+RankStepWith(w, m, hbw, doa) ==
     LET mode == RankMode(w)
         \* multi_connector.py:bind_connector_metadata merges extra_async_saves
         ex0 == IF Delaying THEN extra[w] \cup m.toSend ELSE extra[w]
@@ -313,13 +315,16 @@ RankStep(w, m) ==
         known == notif[w] \cap (ls1 \cup tp1)
         tp2 == tp1 \ known
         ls2 == ls1 \ known
+        \* ... heartbeats in the same loop: _handle_heartbeat extends the leases this
+        \* rank holds now, this step's installs included (pull_worker.py:657-659) ...
+        exp0 == (expired[w] \cup (doa \cap (ls1 \ lease[w]))) \ (hbw \cap ls2)
         \* ... then _reap_expired_send_leases: a full scan since 0.31; 0.29/0.30
         \* stop at the first live lease in _reqs_to_send's order, which is request-id
         \* order (leases are installed as requests finish, FCFS; heartbeats update the
         \* deadline in place).
-        reaped == IF Reaper = "full-scan" THEN expired[w] \cap ls2
-                  ELSE {r \in expired[w] \cap ls2 :
-                          \A q \in ls2 \ expired[w] : r < q}
+        reaped == IF Reaper = "full-scan" THEN exp0 \cap ls2
+                  ELSE {r \in exp0 \cap ls2 :
+                          \A q \in ls2 \ exp0 : r < q}
         nixlDone == CASE mode = "serve" -> known \cup reaped
                       [] mode = "queue" -> rq1
                       [] OTHER -> {}
@@ -346,7 +351,7 @@ RankStep(w, m) ==
         one == (nixlDone \cup offDone) \ both
     IN [toProcess |-> tp2 \ reaped,
         lease |-> ls2 \ reaped,
-        expired |-> expired[w] \cap (ls2 \ reaped),
+        expired |-> exp0 \cap (ls2 \ reaped),
         replQ |-> IF mode \in {"queue", "queue-cleared"} THEN {} ELSE rq1,
         extra |-> ex0 \ (nixlDone \cup offDone),
         store |-> IF Offload THEN sr1 \cup un1 ELSE st1,
@@ -357,11 +362,15 @@ RankStep(w, m) ==
         ack |-> IF Offload THEN stored[w] \cup flushed ELSE {},
         out |-> IF Multi THEN both \cup (one \ ex0) ELSE nixlDone]
 
-execute_model ==
+RankStep(w, m) == RankStepWith(w, m, {}, {})
+
+\* KVClock's, per rank: hbq, the requests named by heartbeats waiting at its agent;
+\* doa, the requests whose deadline ran out before its install.
+ExecuteModelWith(hbq, doa) ==
     /\ ~lateFinish
     /\ \E i \in 1 .. Len(steps) : ~steps[i].ran
     /\ LET i == StepToRun
-           new == [w \in Ranks |-> RankStep(w, steps[i])]
+           new == [w \in Ranks |-> RankStepWith(w, steps[i], hbq[w], doa[w])]
        IN /\ toProcess' = [w \in Ranks |-> new[w].toProcess]
           /\ lease' = [w \in Ranks |-> new[w].lease]
           /\ expired' = [w \in Ranks |-> new[w].expired]
@@ -377,6 +386,8 @@ execute_model ==
     /\ notif' = NoReports
     /\ UNCHANGED <<req, needSend, notProc, finReqs, jobs, fence, rd, hb, agg, emits,
                    lateFinish, published>>
+
+execute_model == ExecuteModelWith(NoReports, NoReports)
 
 (* KVOutputAggregator.aggregate over the oldest step's W outputs, then      *)
 (* Scheduler.update_from_output: finished prefills go through _free_request *)

@@ -62,9 +62,6 @@ def why_not_driven(row: SweepRow) -> str | None:
         return "the early-break reaper is 0.29/0.30's"
     if c["NotifFirst"]:
         return "a notification overtaking its READ (only the LeaseClock driver injects it)"
-    if c.get("ShipLate"):
-        return ("a late producer: KVClock expires a deadline that ran out before its step "
-                "was built a tick after the step installs it, vLLM reaps it in that step")
     return None
 
 
@@ -96,10 +93,10 @@ def _one(new: frozenset[Any], old: frozenset[Any], what: str) -> Any:
 
 
 def step_of(
-    a: dict[str, Any], b: dict[str, Any], action: str, sources: frozenset[int], extend: int
+    a: dict[str, Any], b: dict[str, Any], action: str, sources: frozenset[int]
 ) -> tuple[str, tuple[Any, ...]]:
     """(driver method, args) for the spec step a -> b labelled `action`; `sources`: the
-    producer ranks D reads and heartbeats, `extend`: the heartbeat extension in ticks."""
+    producer ranks D reads and heartbeats."""
     if action in ("schedule", "execute_model", "update_from_output", "tick", "handshake_done"):
         return action, ()
     if action in ("consumer_start_load_kv", "consumer_get_finished"):
@@ -124,28 +121,22 @@ def step_of(
     if action == "heartbeat":
         if a["hs"] != "done":
             return "heartbeat_swallowed", ()  # starts or waits for the handshake: not sent
-        return action, (_lost(a, b, sources, extend),)
+        return action, (_lost(a, b, sources),)
     raise ValueError(f"unknown KVClock action {action!r}")
 
 
-def _lost(
-    a: dict[str, Any], b: dict[str, Any], sources: frozenset[int], extend: int
-) -> frozenset[int]:
+def _lost(a: dict[str, Any], b: dict[str, Any], sources: frozenset[int]) -> frozenset[int]:
     """The producer ranks whose heartbeat message the step lost, read off its effect (the
-    count `lost` says how many, not which): a delivered message extends every lease it
-    names that has less than Extend ticks left or has expired, so a rank where such a lease
-    kept its TTL lost it; where no lease could change, delivered and lost are the same
+    count `lost` says how many, not which): a delivered message adds the requests D tracks
+    that P still holds to the rank's waiting heartbeats (hbq), so a rank whose hbq did not
+    change lost it; where they were all waiting already, delivered and lost are the same
     step, and the driver delivers."""
-    tracked = a["atD"] - a["gone"] - a["seen"]
-    lost = set()
-    for w in sources:
-        ex_a, ex_b = _fn(a["expired"])[w], _fn(b["expired"])[w]
-        ttl_a, ttl_b = _fn(_fn(a["ttl"])[w]), _fn(_fn(b["ttl"])[w])
-        could = [r for r in tracked & _fn(a["lease"])[w] if ttl_a[r] < extend or r in ex_a]
-        changed = [r for r in could if ttl_a[r] != ttl_b[r] or (r in ex_a) != (r in ex_b)]
-        if could and not changed:
-            lost.add(w)
-    return frozenset(lost)
+    req = _fn(a["req"])
+    tracked = {r for r in a["atD"] - a["gone"] - a["seen"] if req[r] == "sending"}
+    return frozenset(
+        w for w in sources
+        if not tracked <= _fn(a["hbq"])[w] and _fn(b["hbq"])[w] == _fn(a["hbq"])[w]
+    )  # fmt: skip
 
 
 def installed_ttl(state: dict[str, Any]) -> Value:
@@ -162,6 +153,7 @@ def _projection(state: dict[str, Any]) -> dict[str, Any]:
     out = {k: state[k] for k in VARIABLES}  # all of KVCompletion's
     out["ttl"] = installed_ttl(state)
     out["land"] = state["land"]
+    out["hbq"] = state["hbq"]
     return out
 
 
@@ -172,7 +164,7 @@ class ClockReplay:
     timeout: str | None = None
 
 
-def replay_clock(doc: dict[str, JSON], driver: Any, extend: int) -> ClockReplay:
+def replay_clock(doc: dict[str, JSON], driver: Any) -> ClockReplay:
     raw: Any = doc["states"]
     sources = driver.sources()
     states = [_decode(s) for s in raw]
@@ -191,7 +183,7 @@ def replay_clock(doc: dict[str, JSON], driver: Any, extend: int) -> ClockReplay:
     for i in range(1, len(states)):
         action = str(raw[i]["#meta"]["action"])
         try:
-            name, args = step_of(states[i - 1], states[i], action, sources, extend)
+            name, args = step_of(states[i - 1], states[i], action, sources)
             getattr(driver, name)(*args)
         except MissingAction as exc:
             return ClockReplay(i - 1, f"step {i} ({action}): vLLM cannot: {exc}")
@@ -227,7 +219,7 @@ def replay_docs(
         for n in range(attempts):
             try:
                 with make_driver(mrow, patch, WAIT_GROWTH**n) as driver:
-                    got = replay_clock(doc, driver, row.ints["Extend"])
+                    got = replay_clock(doc, driver)
             except WaitTimeout as exc:
                 why = str(exc)
                 continue
@@ -291,4 +283,4 @@ def replay_regression(
     doc = json.loads(path.read_text())
     mrow = model_row(row)
     with make_driver(mrow, PATCH[str(row.consts["Variant"])], 1.0) as driver:
-        return replay_clock(doc, driver, row.ints["Extend"])
+        return replay_clock(doc, driver)

@@ -62,6 +62,7 @@ class Sweep:
     title: str
     max_requests: int = 3
     modules: tuple[Path, ...] = ()  # modules the spec EXTENDS or INSTANCEs (copied beside it)
+    timeout_s: float = 300  # per TLC run; expiring is a timeout (inconclusive), never a verdict
 
     @property
     def properties(self) -> tuple[str, ...]:
@@ -207,7 +208,7 @@ def _tlc(sweep: Sweep, row: SweepRow, work: Path, tag: str, inv: Sequence[str],
         shutil.copy(module, d / module.name)
     cfg = d / sweep.spec.with_suffix(".cfg").name
     cfg.write_text(row.cfg_text(inv, props))
-    return run_tlc(d / sweep.spec.name, cfg, extra_args=extra, timeout_s=300, log_dir=d / "tlc")
+    return run_tlc(d / sweep.spec.name, cfg, extra_args=extra, timeout_s=sweep.timeout_s, log_dir=d / "tlc")
 
 
 def _safety(sweep: Sweep, row: SweepRow, work: Path, res: SweepResult) -> None:

@@ -70,7 +70,7 @@ def _st(**kw: Any) -> dict[str, Any]:
 
     base: dict[str, Any] = {
         "hs": "done", "lost": 0, "land": frozenset(), "gone": frozenset(),
-        "atD": frozenset({1}), "seen": frozenset(),
+        "atD": frozenset({1}), "seen": frozenset(), "req": ("sending",),
         "lease": make_fn([(0, frozenset({1})), (1, frozenset({1}))]),
         "expired": make_fn([(0, frozenset()), (1, frozenset())]),
         "ttl": make_fn([(0, (2,)), (1, (2,))]),

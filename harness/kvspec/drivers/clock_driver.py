@@ -10,8 +10,9 @@ and in the driver's own view of them, by a clock the driver advances (lease_driv
 | `consumer_get_finished(r, w)` | the READ's "r:1", arrived at rank w's agent, is delivered |
 | `consumer_add_request(r)` | nothing real: D tracks r from now (its on_new_request) |
 | `consumer_update(r)` | nothing real: D stops tracking r (finished_recving seen) |
-| `heartbeat` | every D rank's `_send_heartbeats` (the requests D tracks); each producer |
-| | rank's `_handle_heartbeat` on arrival, unless the spec lost that message |
+| `heartbeat` | every D rank's `_send_heartbeats` (the requests D tracks); the message, once |
+| | it reached each producer rank's agent, is handed to that rank's next `_get_new_notifs` |
+| | (P's next step runs vLLM's `_handle_heartbeat`), unless the spec lost it there |
 | `heartbeat` (handshake not done) | vLLM's `_send_heartbeats` starts, or waits for, the |
 | | proactive handshake, held at the seam; nothing is sent |
 | `handshake_done` | the held handshake's exchange completes; vLLM's callbacks run |
@@ -21,7 +22,8 @@ and in the driver's own view of them, by a clock the driver advances (lease_driv
 Observed: KVCompletion's variables as `VllmDriver.observe` reads them (`expired`: deadline
 passed on the controlled clock), `ttl` of every installed lease (whole ticks to its
 deadline; 0 elsewhere, where the spec's TTL is not yet or no longer a worker's) and `land`
-(READs D reported). The first heartbeat's handshake (`hs`) is driven at the handshake seam
+(READs D reported) and `hbq` (the requests named by heartbeats handed to a rank and not
+yet read by its worker). The first heartbeat's handshake (`hs`) is driven at the handshake seam
 (`heartbeat_swallowed`, `handshake_done`). Not driven: a notification
 overtaking its READ (lease_driver.EarlyNotifs does it for LeaseClock).
 """
@@ -161,8 +163,9 @@ class ClockDriver:
         return self.added - self.gone - self.seen
 
     def heartbeat(self, lost: frozenset[int]) -> None:
-        """KVClock `heartbeat`: every D rank's _send_heartbeats for the requests D tracks;
-        each producer rank's _handle_heartbeat on its arrival, except at the ranks in
+        """KVClock `heartbeat`: every D rank's _send_heartbeats for the requests D tracks.
+        Each message waits at its producer rank's agent for that rank's next step (its
+        _get_new_notifs hands it to vLLM's _handle_heartbeat), except at the ranks in
         `lost` (the send failed: the message is dropped there)."""
         tracked = self.tracked()
         if not tracked:
@@ -178,11 +181,11 @@ class ClockDriver:
             }
             cons.connector_worker._send_heartbeats(meta)
         for w in sorted(self.sources()):
-            _, msg = c.inboxes[w].wait_arrived_where(
+            item = c.inboxes[w].wait_arrived_where(
                 lambda m: m.startswith(b"HB:"), f"a heartbeat at rank {w}", self.waits
             )
             if w not in lost:
-                c.nixl_worker(w)._handle_heartbeat(msg.decode()[3:])
+                c.inboxes[w].deliver(item)
 
     def heartbeat_swallowed(self) -> None:
         """KVClock `heartbeat` while D's handshake with the producer engine is not done
@@ -246,7 +249,7 @@ class ClockDriver:
 
     # ------------------------------------------------------------------ observe
     def observe(self) -> dict[str, Value]:
-        """KVCompletion's variables, `ttl` of the installed leases, `land`."""
+        """KVCompletion's variables, `ttl` of the installed leases, `land`, `hbq`."""
         out = self.vd.observe()
         W, N = self.vd.W, self.vd.N
         ttl = []
@@ -262,4 +265,13 @@ class ClockDriver:
             )
         out["ttl"] = make_fn(enumerate(ttl))
         out["land"] = frozenset(self.land)
+        req: Any = out["req"]
+        sending = {r for r in range(1, N + 1) if req[r - 1] == "sending"}
+        out["hbq"] = make_fn((w, self._waiting_heartbeats(w) & sending) for w in range(W))
         return out
+
+    def _waiting_heartbeats(self, w: int) -> frozenset[int]:
+        """The requests named by heartbeats handed to rank w's agent, not yet read (the
+        spec keeps those P still holds: a heartbeat for a freed request changes nothing)."""
+        msgs = (m for _, m in self.vd.c.inboxes[w].delivered if m.startswith(b"HB:"))
+        return self.vd._reqs(x for m in msgs for x in m.decode()[3:].split(",") if x)

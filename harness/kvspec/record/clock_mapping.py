@@ -11,11 +11,10 @@ and extension (lease * 2 // 3 s, base_worker.py:532) are then 1 and 4 ticks exac
 Heartbeats: a decode worker's `heartbeat_send` to the producer engine that went to no
 rank was swallowed by the proactive handshake; one that went out is matched, per producer
 rank and in order, with that rank's `heartbeat_recv` of the same payload, and ranks
-without one lost it. The spec's heartbeat is placed at D's send, as KVClock delivers it.
-P extends at `_handle_heartbeat`, in its next step; a stalled P handled six at once in a
-recorded run, after D had stopped tracking the requests. Its reaper did not run in the
-stall either, and it handles notifications before it reaps, so the lease KVClock keeps
-from the send is never shorter than the real one where it matters.
+without one lost it. The spec's heartbeat is placed at D's send: KVClock keeps the
+message at the producer rank (hbq) until P's next step, whose `_handle_heartbeat` extends
+what the rank then holds, before its reaper, as vLLM's `_get_new_notifs` does (a stalled
+P handled six at once in a recorded run).
 
 Idle producer steps are kept up to KEEP_IDLE per tick (not per run, as KVTrace's are):
 a lease that expired must be reaped at P's next step, so a step in each tick says whether
