@@ -208,7 +208,9 @@ def _tlc(sweep: Sweep, row: SweepRow, work: Path, tag: str, inv: Sequence[str],
         shutil.copy(module, d / module.name)
     cfg = d / sweep.spec.with_suffix(".cfg").name
     cfg.write_text(row.cfg_text(inv, props))
-    return run_tlc(d / sweep.spec.name, cfg, extra_args=extra, timeout_s=sweep.timeout_s, log_dir=d / "tlc")
+    return run_tlc(
+        d / sweep.spec.name, cfg, extra_args=extra, timeout_s=sweep.timeout_s, log_dir=d / "tlc"
+    )
 
 
 def _safety(sweep: Sweep, row: SweepRow, work: Path, res: SweepResult) -> None:
