@@ -387,7 +387,8 @@ ExecuteModelWith(hbq, doa) ==
     /\ UNCHANGED <<req, needSend, notProc, finReqs, jobs, fence, rd, hb, agg, emits,
                    lateFinish, published>>
 
-execute_model == ExecuteModelWith(NoReports, NoReports)
+\* (a conjunction, not a bare call: TLC names the action after the definition it expands)
+execute_model == ~lateFinish /\ ExecuteModelWith(NoReports, NoReports)
 
 (* KVOutputAggregator.aggregate over the oldest step's W outputs, then      *)
 (* Scheduler.update_from_output: finished prefills go through _free_request *)
