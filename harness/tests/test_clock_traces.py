@@ -95,6 +95,7 @@ LATE = "tp1-p-late-wait25s-hb-lost"
 
 
 @pytest.mark.vllm
+@pytest.mark.slow  # a second TLC graph and two replays: make test-full (nightly)
 def test_a_late_deadline_is_reaped_in_its_install_step(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
