@@ -44,7 +44,7 @@ from kvspec.drivers.vllm_env import (
 )
 from kvspec.matrix import Topology
 from kvspec.sweep import SweepRow
-from kvspec.tlcvalue import Value, make_fn
+from kvspec.tlcvalue import Value
 
 
 def rid(r: int) -> str:
@@ -252,4 +252,4 @@ def _fn(v: Any) -> dict[Any, Any]:
     return v.as_dict() if hasattr(v, "as_dict") else dict(enumerate(v, start=1))
 
 
-__all__ = ["BlocksDriver", "make_fn", "project"]
+__all__ = ["BlocksDriver", "project"]
