@@ -47,6 +47,9 @@ def _traces(row: str) -> list[tuple[str, object, list[tuple[str, dict[str, objec
         "conf-decode-d1-first-contact",
         "conf-decode-d1-first-contact-hs-fails",
         pytest.param("conf-decode-p1-d2-first-contact", marks=pytest.mark.slow),
+        "conf-decode-p2-d1-mla",  # the unmutated control of decode-mla-notify-local-id
+        pytest.param("conf-decode-p2-d1-mla-recompute", marks=pytest.mark.slow),
+        pytest.param("conf-decode-p1-d2-mla", marks=pytest.mark.slow),
     ],
 )
 def test_the_installed_decode_engine_conforms(row: str) -> None:
@@ -85,8 +88,8 @@ def test_plain_attention_p_tp_above_kv_heads_is_refused_at_the_handshake() -> No
     prow = ModelRow("p2", "v0.30-shipped", "nixl", Topology(2, 1, 1), 1, 1, False)
     try:  # the side channel's reply may time out on a loaded machine: inconclusive
         with pytest.raises(ClusterError, match="handshake"):
-            VllmDriver(prow, decode_tp=1, kv_heads=1).close()
-        VllmDriver(prow, decode_tp=1, kv_heads=2).close()
+            VllmDriver(prow, decode_tp=1, model="kv1").close()
+        VllmDriver(prow, decode_tp=1, model="kv2").close()
     except WaitTimeout as exc:
         pytest.skip(f"inconclusive: {exc}")
 

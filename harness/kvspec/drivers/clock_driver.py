@@ -148,8 +148,10 @@ class ClockDriver:
     def consumer_update(self, r: int) -> None:
         """KVClock `consumer_update(r)`: D's scheduler processes r's finished_recving
         (update_connector_output) and stops heartbeating it."""
-        if r not in self.added or r in self.seen or any(
-            (r, w) not in self.land for w in self.sources()
+        if (
+            r not in self.added
+            or r in self.seen
+            or any((r, w) not in self.land for w in self.sources())
         ):
             raise MissingAction(f"consumer_update({r}): not every READ of r has landed")
         self.seen.add(r)

@@ -32,7 +32,11 @@ A READ the spec ends inside the step that posted it (InStepEnd) is ended by the 
 between that worker's start_load_kv and its get_transfer_results (`execute("w.r.p.done",
 ...)`), where a real forward's time would let it complete.
 
-Not driven: MLA (the CPU fixture has no MLA attention), full prefix hits (0.32 takes one
+MLA rows run a DeepSeek-V2-shaped fixture (vllm_env.MODELS["mla"]) on CPU_MLA's cache
+layout: with P TP > D TP, D reads one producer rank and sends the others notify-only "r:n"
+in the same start_load_kv (pull_worker.py:369-391), seen through the HeldReads seam.
+
+Not driven: full prefix hits (0.32 takes one
 only with a prefill backoff > 0, base_scheduler.py:379-403: Mamba layers, a bounded-replay
 window, MTP/Eagle drafters; the fixture is a plain attention model), D's first contact
 with P (the cluster's D is handshaken when built; `kvspec validate` checks first contacts
@@ -43,6 +47,7 @@ on recorded engines), the LMCache child (it needs its server) and the re-introdu
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -64,6 +69,7 @@ from kvspec.drivers.vllm_consumers import nixl_of
 from kvspec.drivers.vllm_driver import VllmDriver
 from kvspec.drivers.vllm_env import (
     BLOCK_SIZE,
+    DEFAULT_MODEL,
     DriverUnavailable,
     kv_cache_config,
     runner_output,
@@ -92,10 +98,10 @@ class DStep:
 class DecodeDriver:
     def __init__(self, row: SweepRow, device: str = "cpu", waits: Waits = DEFAULT_WAITS) -> None:
         c = row.consts
-        if c["MLA"] or c["FullHit"] or c["Composition"] not in DECODE:
+        if c["FullHit"] or c["Composition"] not in DECODE:
             # A row this driver cannot build is unavailable here, not a divergence.
-            raise DriverUnavailable(f"{row.name}: the decode driver runs no MLA, "
-                                    f"no full hits, composition in {DECODE}")  # fmt: skip
+            raise DriverUnavailable(f"{row.name}: the decode driver runs no full hits, "
+                                    f"composition in {DECODE}")  # fmt: skip
         if c.get("InStepEnd") and int(c["PTP"]) > int(c["DTP"]) and not c["MLA"]:
             # decode_traces.in_step_ends names a request's in-step ends per rank, exact
             # only with one read source per rank.
@@ -111,8 +117,10 @@ class DecodeDriver:
             async_scheduling=False,
         )  # fmt: skip
         self.comp = str(c["Composition"])
+        # MLA rows run the DeepSeek-shaped fixture on both engines (vllm_env.MODELS).
+        model = "mla" if c["MLA"] else DEFAULT_MODEL
         self.p = VllmDriver(prow, device=device, waits=waits, decode_composition=self.comp,
-                            decode_tp=self.T)  # fmt: skip
+                            decode_tp=self.T, model=model)  # fmt: skip
         self.held: list[HeldReads] = []
         self.hs: list[HeldHandshake] = []  # first contact (Handshake rows)
         try:
@@ -155,7 +163,7 @@ class DecodeDriver:
             api, "kv_consumer", d_engine, self.comp, Topology(self.T, 1, 1), 4 * self.N + 1,
             async_scheduling, device,
             disable_hma=bool(c.cfg.scheduler_config.disable_hybrid_kv_cache_manager),
-            kv_heads=int(c.cfg.model_config.get_total_num_kv_heads()),
+            model=c.model,
         )  # fmt: skip
         dcfg.kv_transfer_config.kv_load_failure_policy = policy
         dkc = kv_cache_config(api, dcfg)
@@ -212,7 +220,10 @@ class DecodeDriver:
         cons = self.p.c.consumers[t]
         cw = self.p.c.consumer_nixl(t).connector_worker
         before = {h for hs in cw._recving_transfers.values() for h in hs}
-        cons.bind_connector_metadata(so.kv_connector_metadata)
+        # Each worker process unpickles its own copy of the scheduler output (the executor's
+        # broadcast); NIXL's worker rewrites ReqMeta.remote.block_ids into kernel blocks in
+        # place (pull_worker.py:262-266), so ranks sharing one object would convert twice.
+        cons.bind_connector_metadata(copy.deepcopy(so.kv_connector_metadata))
         try:
             # No forward: ExampleConnector returns at once on attn_metadata None.
             cons.start_load_kv(NO_FORWARD)

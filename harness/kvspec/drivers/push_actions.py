@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kvspec.drivers.base import MissingAction
 from kvspec.drivers.push_side import PushSide, write_handles
+from kvspec.drivers.vllm_env import logical_block
 from kvspec.drivers.vllm_inbox import Waits
 from kvspec.drivers.vllm_view import Read, VllmView, req_id
 
@@ -46,7 +47,7 @@ class PushActions(VllmView):
         local_block = r  # decode blocks 1..N (0 is vLLM's null block)
         t = self.c.consumer_of(w)
         for cache in self.c.consumers_caches[t].values():
-            cache[local_block].zero_()
+            logical_block(cache, local_block).zero_()
         reg = self._push().registration(
             rid,
             local_block,
@@ -96,7 +97,8 @@ class PushActions(VllmView):
         torch = self.c.api.torch
         t = self.c.consumer_of(w)
         for name, cache in self.c.consumers_caches[t].items():
-            if not torch.equal(cache[rd.local_block], self.c.caches[w][name][rd.remote_block]):
+            got = logical_block(cache, rd.local_block)
+            if not torch.equal(got, logical_block(self.c.caches[w][name], rd.remote_block)):
                 raise TransferCorrupted(f"req {r}: layer {name} differs after the WRITE")
         held.release(handles)
         rd.state = "done"

@@ -70,6 +70,7 @@ SYMBOLS: dict[str, tuple[tuple[str, str | None], ...]] = {
 # Names some supported releases lack: resolved to None there (the adapters below know).
 OPTIONAL: dict[str, tuple[tuple[str, str | None], ...]] = {
     "KVConnectorTransferResults": ((_KV + ".v1.base", "KVConnectorTransferResults"),),
+    "MLAAttentionSpec": (("vllm.v1.kv_cache_interface", "MLAAttentionSpec"),),
 }
 
 
@@ -102,11 +103,16 @@ def connector_output(cls: Any, **fields: Any) -> Any:
 def add_recv(meta: Any, rid: str, blocks: Any, params: dict[str, Any]) -> None:
     """`NixlConnectorMetadata.add_new_req_to_recv` for a request waiting for its KV:
     `awaiting_kvs=True` since 0.30 (`nixl/metadata.py:317-323` in 0.32); 0.29's has no
-    such argument (`metadata.py:294-300`): every receive there awaits its KV."""
-    if "awaiting_kvs" in inspect.signature(meta.add_new_req_to_recv).parameters:
-        meta.add_new_req_to_recv(rid, blocks, params, awaiting_kvs=True)
-    else:
-        meta.add_new_req_to_recv(rid, blocks, params)
+    such argument (`metadata.py:294-300`): every receive there awaits its KV. No block of
+    any group is a local prefix hit (`local_num_computed_blocks`, 0 per group, as D's
+    scheduler passes it: base_scheduler.py:488-494; the DCP read slicing indexes it)."""
+    names = inspect.signature(meta.add_new_req_to_recv).parameters
+    extra: dict[str, Any] = {}
+    if "awaiting_kvs" in names:
+        extra["awaiting_kvs"] = True
+    if "local_num_computed_blocks" in names:
+        extra["local_num_computed_blocks"] = tuple(0 for _ in blocks)
+    meta.add_new_req_to_recv(rid, blocks, params, **extra)
 
 
 def failed_recving(output: Any) -> set[str]:

@@ -58,10 +58,11 @@ from kvspec.drivers.vllm_consumers import (
     nixl_of,
 )
 from kvspec.drivers.vllm_env import (
-    NUM_KV_HEADS,
+    DEFAULT_MODEL,
     PP_UNAVAILABLE,
     DevicePlan,
     DriverUnavailable,
+    allocate_caches,
     check_device,
     device_plan,
     free_port,
@@ -75,7 +76,7 @@ from kvspec.drivers.vllm_inbox import NotifInbox, Waits
 from kvspec.matrix import ModelRow, Topology
 from kvspec.model import HF3FS
 
-PoolKey = tuple[str, str, Topology, int, int, bool, str, str, int, int]
+PoolKey = tuple[str, str, Topology, int, int, bool, str, str, int, str, int]
 # The decode engine's connector: NIXL, or MultiConnector(NIXL, ExampleConnector) (a child
 # that never loads, delays or reports here: MultiConnector's own code is what it adds).
 DECODE_COMPOSITIONS = ("nixl", "multi-nixl-example")
@@ -83,11 +84,11 @@ DECODE_COMPOSITIONS = ("nixl", "multi-nixl-example")
 
 def pool_key(
     row: ModelRow, device: str, decode: str = "nixl", decode_tp: int = 0,
-    kv_heads: int = NUM_KV_HEADS,
+    model: str = DEFAULT_MODEL,
 ) -> PoolKey:  # fmt: skip
     """What a cluster is built from: the row's constants except its variant (the variant is
     vLLM's code, shipped or patched, not the cluster's shape), the device, D's connector
-    and TP (0: the producer's), and the model's KV heads."""
+    and TP (0: the producer's), the fixture model and the producer's DCP."""
     return (
         row.composition,
         row.transfer,
@@ -98,8 +99,37 @@ def pool_key(
         device,
         decode,
         decode_tp or row.topology.tp,
-        kv_heads,
+        fixture_model(row, model),
+        row.dcp,
     )
+
+
+def fixture_model(row: ModelRow, model: str) -> str:
+    """The fixture a row runs: PCP + DCP sharded mode needs MLA, since vLLM asserts
+    "PD with decode_context_parallel_size > 1 is only supported for MLA models"
+    (config/vllm.py:1473-1491) and compute_tp_mapping scopes DCP to MLA (tp_mapping.py)."""
+    return "mla" if row.dcp > 1 else model
+
+
+def sharded(dcp: int, topo: Topology) -> bool:
+    """nixl/base_worker.py:667-668: pcp_dcp_sharded."""
+    return topo.pcp > 1 and dcp > 1
+
+
+def sharded_decode_tp(row: ModelRow) -> int:
+    """D's TP for a sharded row (0 otherwise): TP = DCP = P's transfer ranks, DeepSeek's
+    decode deployment. D rank t's DCP slice is P's shard t (dcp_source_ranks,
+    kv_connector/utils.py:544-562: equal DCP sizes keep the remote rank r % 2 == t), one
+    READ per (request, producer rank) as KVCompletion's consumer_start_load_kv(r, w), and
+    each P rank waits for one notification (dcp_consumer_count: max(1, 2 // 2))."""
+    return row.topology.pcp if sharded(row.dcp, row.topology) else 0
+
+
+def transfer_rank(topo: Topology, dcp: int, w: int) -> int:
+    """Rank w's key among P's transfer ranks: its tp rank, plus pcp_rank * TP when sharded
+    (v1/worker/gpu_worker.py:826-835; base_worker.py:669-672 transfer_tp_rank)."""
+    c = topo.rank_coords(w)
+    return c.tp + c.pcp * topo.tp if sharded(dcp, topo) else c.tp
 
 
 _SEQ = itertools.count()
@@ -127,6 +157,8 @@ class Cluster:
     push: PushSide | None = None  # push mode: D's side channel, the producers' held WRITEs
     closed: bool = False
     decode_composition: str = "nixl"
+    dcp: int = 1  # the producer's decode_context_parallel_size (> 1 with PCP: sharded)
+    model: str = DEFAULT_MODEL  # the fixture both engines run (vllm_env.MODELS)
 
     def consumer_nixl(self, t: int) -> Any:
         """Decode worker t's NIXL connector (a MultiConnector's first child)."""
@@ -137,8 +169,15 @@ class Cluster:
         return self.topology.world_size
 
     def consumer_of(self, w: int) -> int:
-        """The consumer (its index, = its TP rank) that reads from producer rank w."""
-        return self.topology.rank_coords(w).tp
+        """The consumer (its index, = its TP rank) that reads from producer rank w: the
+        one of w's tp rank, or of w's transfer rank when sharded (sharded_decode_tp)."""
+        return transfer_rank(self.topology, self.dcp, w)
+
+    @property
+    def transfer_tp(self) -> int:
+        """P's transfer TP size, the tp_size its kv_transfer_params carry
+        (base_scheduler.py:69-72: max(TP, DCP))."""
+        return max(self.topology.tp, self.dcp)
 
     def nixl(self, w: int) -> Any:
         """The NIXL connector (the MultiConnector's first child) of rank w."""
@@ -227,20 +266,19 @@ class Cluster:
 
 def build_cluster(
     row: ModelRow, device: str, waits: Waits, decode: str = "nixl", decode_tp: int = 0,
-    kv_heads: int = NUM_KV_HEADS,
+    model: str = DEFAULT_MODEL,
 ) -> Cluster:  # fmt: skip
     """`decode_tp`: D's TP (0: the producer's); each D rank handshakes the producer ranks
-    vLLM's read plan gives it (hetero TP: nixl/tp_mapping.py)."""
+    vLLM's read plan gives it (hetero TP: nixl/tp_mapping.py). PCP + DCP sharded mode
+    (row.dcp > 1) runs the MLA fixture and a D of TP = DCP = P's transfer ranks, so that
+    D rank t reads exactly P's shard t (see `sharded_decode_tp`)."""
     plan = device_plan(device)
     api = check_device(device)
     topo = row.topology
-    dtp = decode_tp or topo.tp
+    model = fixture_model(row, model)
+    dtp = decode_tp or sharded_decode_tp(row) or topo.tp
     if topo.pp != 1:
         raise DriverUnavailable(PP_UNAVAILABLE)
-    if row.dcp > 1:
-        # The producer workers are built replicated (pcp_dcp_sharded False below): PCP+DCP
-        # sharded mode would need each rank's own KV slice and vLLM's DCP groups.
-        raise DriverUnavailable("PCP + DCP sharded mode (dcp > 1) is not driven here")
     n = next(_SEQ)
     engine_id = f"kvspec-P-{os.getpid()}-{n}"
     port = free_port()
@@ -261,7 +299,8 @@ def build_cluster(
         # whose setting differs: both engines run without it.
         disable_hma=True if decode != "nixl" else None,
         transfer=row.transfer,
-        kv_heads=kv_heads,
+        model=model,
+        dcp=row.dcp,
     )
     kc = kv_cache_config(api, cfg)
     gen = api.torch.Generator().manual_seed(1234 + n)
@@ -271,7 +310,7 @@ def build_cluster(
     ]
     cfg.parallel_config.rank = 0
     listener = _serve_handshakes(
-        api, kc, engine_id, workers, topo, blocks, device, row, waits, kv_heads
+        api, kc, engine_id, workers, topo, blocks, device, row, waits, model
     )
     # The decode engine runs with the producer's hybrid-KV-manager setting, as a deployment
     # must: NIXL's handshake refuses a peer whose compatibility hash differs, and the hash
@@ -287,11 +326,12 @@ def build_cluster(
         device,
         disable_hma=bool(cfg.scheduler_config.disable_hybrid_kv_cache_manager),
         transfer=row.transfer,
-        kv_heads=kv_heads,
+        model=model,
+        dcp=sharded_decode_tp(row) or 1,
     )
     consumers, consumers_caches = build_consumers(api, dcfg, plan, dtp, decode)
     cluster = Cluster(
-        key=pool_key(row, device, decode, decode_tp, kv_heads),
+        key=pool_key(row, device, decode, decode_tp, model),
         composition=row.composition,
         topology=topo,
         api=api,
@@ -305,10 +345,13 @@ def build_cluster(
         consumers_caches=consumers_caches,
         listener=listener,
         decode_composition=decode,
+        dcp=row.dcp,
+        model=model,
     )
     try:
         for t in range(dtp):
-            handshake(cluster.consumer_nixl(t).connector_worker, engine_id, port, topo.tp, waits)
+            cw = cluster.consumer_nixl(t).connector_worker
+            handshake(cw, engine_id, port, cluster.transfer_tp, waits, row.dcp)
         if row.transfer == "push":
             cluster.push = push_side.build(api, dcfg, cluster.nixl_worker, cluster, waits)
     except BaseException:  # e.g. a handshake that timed out: a retry builds a new cluster
@@ -337,20 +380,18 @@ def _build_producers(
     for w in range(topo.world_size):
         coords = topo.rank_coords(w)
         cfg.parallel_config.rank = w  # read once, by the offloading spec's config
-        with api.set_current_vllm_config(cfg), keep_affinity(), tp_identity(coords.tp, topo.tp):
+        ident = tp_identity(coords.tp, topo.tp, coords.pcp)
+        with api.set_current_vllm_config(cfg), keep_affinity(), ident:
             conn = api.KVConnectorFactory.create_connector(
                 config=cfg, role=api.KVConnectorRole.WORKER, kv_cache_config=kc
             )
         nw = nixl_of(conn, composition).connector_worker
-        # Rank identity (spec layout); vLLM reads it from the PCP group.
-        nw.pcp_rank = coords.pcp
-        nw.pcp_dcp_sharded = False
-        kv = api.allocate_kv_cache(kc, device, layout)
+        kv = allocate_caches(api, kc, device, layout, nw)
         for t in kv.values():
             # Drawn on the host (one seeded generator for every device), copied in.
             t.copy_(api.torch.randn(t.shape, generator=gen, dtype=t.dtype))
         _settle(api, plan)  # NIXL must not READ a cache whose fill is still queued
-        with api.set_current_vllm_config(cfg), tp_identity(coords.tp, topo.tp):
+        with api.set_current_vllm_config(cfg), tp_identity(coords.tp, topo.tp, coords.pcp):
             conn.register_kv_caches(kv)
         _check_registration(nw, plan, f"producer rank {w}")
         workers.append(conn)
@@ -368,13 +409,13 @@ def _serve_handshakes(
     device: str,
     row: ModelRow,
     waits: Waits,
-    kv_heads: int = NUM_KV_HEADS,
+    model: str = DEFAULT_MODEL,
 ) -> Any:
     """The producer engine's side channel: a scheduler-role NixlConnector serving every
     published rank's handshake metadata, keyed by (pp, tp) as the engine collects it."""
     lcfg = vllm_config(
         api, "kv_producer", engine_id, "nixl", topo, blocks, False, device,
-        transfer=row.transfer, kv_heads=kv_heads,
+        transfer=row.transfer, model=model, dcp=row.dcp,
     )  # fmt: skip
     kv_cache_config(api, lcfg)
     with api.set_current_vllm_config(lcfg):
@@ -386,7 +427,7 @@ def _serve_handshakes(
         h = conn.get_handshake_metadata()
         if h is not None:
             coords = topo.rank_coords(w)
-            md[(coords.pp, coords.tp)] = h
+            md[(coords.pp, transfer_rank(topo, row.dcp, w))] = h
     serve_handshake_metadata(listener, md, waits)
     return listener
 
@@ -404,11 +445,11 @@ POOL_IDLE_MAX = 1
 
 def acquire(
     row: ModelRow, device: str, waits: Waits, decode: str = "nixl", decode_tp: int = 0,
-    kv_heads: int = NUM_KV_HEADS,
+    model: str = DEFAULT_MODEL,
 ) -> Cluster:  # fmt: skip
     """A reset cluster for `row` on `device` (D's connector `decode`, D's TP, the model's
     KV heads): a pooled one of its key, or a new one."""
-    idle = _POOL.setdefault(pool_key(row, device, decode, decode_tp, kv_heads), [])
+    idle = _POOL.setdefault(pool_key(row, device, decode, decode_tp, model), [])
     if idle:
         c = idle.pop()
         if c in _IDLE_ORDER:
@@ -419,7 +460,7 @@ def acquire(
             discard(c)
             raise
         return c
-    c = build_cluster(row, device, waits, decode, decode_tp, kv_heads)
+    c = build_cluster(row, device, waits, decode, decode_tp, model)
     _LIVE.append(c)
     return c
 

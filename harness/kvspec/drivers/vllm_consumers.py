@@ -8,7 +8,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvspec.drivers.base import WaitTimeout
-from kvspec.drivers.vllm_env import DevicePlan, keep_affinity, kv_cache_config, tp_identity
+from kvspec.drivers.vllm_env import (
+    DevicePlan,
+    allocate_caches,
+    keep_affinity,
+    kv_cache_config,
+    tp_identity,
+)
 from kvspec.drivers.vllm_inbox import ClusterError, Waits
 
 # base_worker.py: `sock.setsockopt(zmq.RCVTIMEO, 5000)` around the handshake's metadata query.
@@ -35,7 +41,7 @@ def build_consumers(
             consumer = api.KVConnectorFactory.create_connector(
                 config=dcfg, role=api.KVConnectorRole.WORKER, kv_cache_config=dkc
             )
-        dkv = api.allocate_kv_cache(dkc, device, layout)
+        dkv = allocate_caches(api, dkc, device, layout, nixl_of(consumer, decode).connector_worker)
         with api.set_current_vllm_config(dcfg), tp_identity(t, tp):
             consumer.register_kv_caches(dkv)
         _check_registration(nixl_of(consumer, decode).connector_worker, plan, f"consumer {t}")
@@ -44,12 +50,14 @@ def build_consumers(
     return consumers, consumers_caches
 
 
-def handshake(cw: Any, engine_id: str, port: int, tp: int, waits: Waits) -> None:
+def handshake(cw: Any, engine_id: str, port: int, tp: int, waits: Waits, dcp: int = 1) -> None:
     """A consumer's real handshake over the side channel, with the producer rank(s) its
-    transfer topology maps it to (with equal TP: the producer of the same tp rank)."""
+    transfer topology maps it to (with equal TP: the producer of the same tp rank).
+    `tp`, `dcp`: the producer's transfer TP and DCP sizes (its kv_transfer_params')."""
     import zmq
 
-    fut = cw._ensure_handshake(engine_id, "127.0.0.1", port, tp)
+    fut = (cw._ensure_handshake(engine_id, "127.0.0.1", port, tp, dcp) if dcp > 1
+           else cw._ensure_handshake(engine_id, "127.0.0.1", port, tp))  # fmt: skip
 
     def done() -> bool:
         if fut is not None and fut.done() and fut.exception() is not None:

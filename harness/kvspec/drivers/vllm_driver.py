@@ -44,7 +44,7 @@ from kvspec.drivers.patches import get_patch
 from kvspec.drivers.push_actions import PushActions, TransferCorrupted
 from kvspec.drivers.vllm_adapters import add_recv, connector_output, transfer_results
 from kvspec.drivers.vllm_cluster import Cluster, acquire, discard, release
-from kvspec.drivers.vllm_env import BLOCK_SIZE, NUM_KV_HEADS, runner_output
+from kvspec.drivers.vllm_env import BLOCK_SIZE, DEFAULT_MODEL, logical_block, runner_output
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
 from kvspec.drivers.vllm_view import Read, Step, req_id, spec_r
 from kvspec.matrix import ModelRow
@@ -62,7 +62,7 @@ class VllmDriver(PushActions, Driver):
         waits: Waits = DEFAULT_WAITS,
         decode_composition: str = "nixl",
         decode_tp: int = 0,
-        kv_heads: int = NUM_KV_HEADS,
+        model: str = DEFAULT_MODEL,
     ) -> None:
         super().__init__(row)
         self.waits = waits
@@ -72,7 +72,7 @@ class VllmDriver(PushActions, Driver):
         self._cluster: Cluster | None = None
         if impl_patch is not None:
             patch = get_patch(impl_patch)  # an unknown patch fails before a cluster is built
-        self._cluster = acquire(row, device, waits, decode_composition, decode_tp, kv_heads)
+        self._cluster = acquire(row, device, waits, decode_composition, decode_tp, model)
         c = self._cluster
         try:
             if impl_patch is not None:
@@ -334,7 +334,7 @@ class VllmDriver(PushActions, Driver):
         local_block = r  # consumer blocks 1..N (0 is vLLM's null block)
         t = self.c.consumer_of(w)
         for cache in self.c.consumers_caches[t].values():
-            cache[local_block].zero_()
+            logical_block(cache, local_block).zero_()
         meta = api.NixlConnectorMetadata()
         add_recv(meta, req_id(r), ([local_block],), dict(params))
         cons = self.c.consumers[t]
@@ -377,7 +377,8 @@ class VllmDriver(PushActions, Driver):
             raise MissingAction(f"consumer_get_finished({r}, {w}): the READ failed")
         torch = self.c.api.torch
         for name, cache in self.c.consumers_caches[t].items():
-            if not torch.equal(cache[rd.local_block], self.c.caches[w][name][rd.remote_block]):
+            got = logical_block(cache, rd.local_block)
+            if not torch.equal(got, logical_block(self.c.caches[w][name], rd.remote_block)):
                 raise TransferCorrupted(f"req {r}: layer {name} differs after the READ")
 
     def deliver_notif(self, r: int, w: int) -> None:
@@ -398,7 +399,11 @@ class VllmDriver(PushActions, Driver):
             meta = api.NixlConnectorMetadata()
             meta.heartbeat_by_engine = {
                 self.c.engine_id: api.HeartbeatInfo(
-                    req_ids={req_id(r)}, host="127.0.0.1", port=0, tp_size=self.row.topology.tp
+                    req_ids={req_id(r)},
+                    host="127.0.0.1",
+                    port=0,
+                    tp_size=self.c.transfer_tp,
+                    **({"dcp_size": self.c.dcp} if self.c.dcp > 1 else {}),
                 )
             }
             cons.connector_worker._send_heartbeats(meta)

@@ -11,6 +11,7 @@ ships as package data (kvspec/data/tiny-opt: no weights are ever loaded).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -27,13 +28,21 @@ from kvspec.matrix import Topology
 
 # The model config vLLM reads (architecture, dtype, sizes); no weights are loaded.
 TINY_MODEL = Path(str(files("kvspec") / "data" / "tiny-opt"))
-# The fixture model by its number of KV heads (OPT: one KV head per attention head).
-# One head (MQA) at P TP 2 and D TP 1 is what vLLM refuses at the handshake
-# (base_worker.py:2445-2451); test_decode_real.py pins that with it.
-MODELS = {2: TINY_MODEL, 1: Path(str(files("kvspec") / "data" / "tiny-opt-mqa"))}
+# The fixture models by name (vLLM reads only the config: no weights are loaded).
+# "kv2": OPT with 2 KV heads (one per attention head), the default. "kv1": one head (MQA):
+# P TP 2 and D TP 1 is what vLLM refuses at the handshake (base_worker.py:2445-2451);
+# test_decode_real.py pins that with it. "mla": a DeepSeek-V2 shape, so ModelConfig.use_mla
+# is True (config/model.py:2050-2063) and NIXL takes its MLA paths: one latent "head"
+# replicated on every TP rank, notify-only to unread producer ranks, and the only model
+# PD may run with decode_context_parallel_size > 1 (config/vllm.py:1473-1491).
+MODELS = {
+    "kv2": TINY_MODEL,
+    "kv1": Path(str(files("kvspec") / "data" / "tiny-opt-mqa")),
+    "mla": Path(str(files("kvspec") / "data" / "tiny-deepseek-mla")),
+}
+DEFAULT_MODEL = "kv2"
 BLOCK_SIZE = 32
 NUM_LAYERS = 2
-NUM_KV_HEADS = 2
 HEAD_SIZE = 32
 MAX_MODEL_LEN = 256
 # Leases never run out by wall-clock during a trace: time is the lease_expire action's.
@@ -235,15 +244,16 @@ def vllm_config(
     device: str,
     disable_hma: bool | None = None,
     transfer: str = "pull",
-    kv_heads: int = NUM_KV_HEADS,
+    model: str = DEFAULT_MODEL,
+    dcp: int = 1,
 ) -> Any:
     """The VllmConfig of one engine role (kv_producer / kv_consumer) with `blocks` KV blocks.
     `disable_hma`: --disable-hybrid-kv-cache-manager (None: vLLM decides; it turns the
     hybrid manager off for a connector without SupportsHMA, e.g. HF3FS, config/vllm.py
-    ~2170-2192). `transfer`: the spec's Transfer ("push": NixlPushConnector). `kv_heads`: the
-    model's KV heads (MODELS)."""
-    if kv_heads not in MODELS:
-        raise DriverUnavailable(f"no fixture model with {kv_heads} KV heads ({sorted(MODELS)})")
+    ~2170-2192). `transfer`: the spec's Transfer ("push": NixlPushConnector). `model`: the fixture
+    (MODELS). `dcp`: decode_context_parallel_size."""
+    if model not in MODELS:
+        raise DriverUnavailable(f"no fixture model {model!r} ({sorted(MODELS)})")
     plan = device_plan(device)
     nixl = nixl_transfer_config(role, plan, transfer)
     if composition == "nixl" or (role == "kv_consumer" and composition != EXAMPLE):
@@ -278,8 +288,8 @@ def vllm_config(
             kv_buffer_device=plan.kv_buffer_device,
             kv_connector_extra_config={"connectors": [nixl, child]},
         )
-    model = api.ModelConfig(
-        model=str(MODELS[kv_heads]),
+    mcfg = api.ModelConfig(
+        model=str(MODELS[model]),
         skip_tokenizer_init=True,
         dtype="float32",
         max_model_len=MAX_MODEL_LEN,
@@ -297,7 +307,7 @@ def vllm_config(
         disable_hybrid_kv_cache_manager=disable_hma,
     )
     cfg = api.VllmConfig(
-        model_config=model,
+        model_config=mcfg,
         cache_config=cache,
         scheduler_config=sched,
         kv_transfer_config=ktc,
@@ -310,6 +320,7 @@ def vllm_config(
     pc.tensor_parallel_size = topology.tp
     pc.pipeline_parallel_size = topology.pp
     pc.prefill_context_parallel_size = topology.pcp
+    pc.decode_context_parallel_size = dcp
     pc.world_size = topology.world_size
     return cfg
 
@@ -330,20 +341,60 @@ def kv_cache_config(api: SimpleNamespace, cfg: Any) -> Any:
     """One rank's KV cache: its share of the model's KV heads (vLLM shards heads over TP
     and replicates them once TP exceeds them: max(1, heads // tp), as TransferTopology's
     local_physical_heads)."""
-    tp = int(cfg.parallel_config.tensor_parallel_size)
-    heads = int(cfg.model_config.get_total_num_kv_heads())
-    if heads % tp if heads >= tp else tp % heads:
-        raise DriverUnavailable(f"tp={tp} and the fixture's {heads} KV heads do not divide")
     layers = [f"model.decoder.layers.{i}.self_attn.attn" for i in range(NUM_LAYERS)]
-    spec = api.FullAttentionSpec(
-        block_size=BLOCK_SIZE,
-        num_kv_heads=max(1, heads // tp),
-        head_size=HEAD_SIZE,
-        dtype=api.torch.float32,
-    )
+    if cfg.model_config.use_mla:
+        spec = _mla_spec(api, cfg)
+    else:
+        tp = int(cfg.parallel_config.tensor_parallel_size)
+        heads = int(cfg.model_config.get_total_num_kv_heads())
+        if heads % tp if heads >= tp else tp % heads:
+            raise DriverUnavailable(f"tp={tp} and the fixture's {heads} KV heads do not divide")
+        spec = api.FullAttentionSpec(
+            block_size=BLOCK_SIZE,
+            num_kv_heads=max(1, heads // tp),
+            head_size=HEAD_SIZE,
+            dtype=api.torch.float32,
+        )
     kc = api.get_kv_cache_config_from_groups(cfg, [api.KVCacheGroupSpec(layers, spec)], 1 << 30)
     cfg.cache_config.num_gpu_blocks = kc.num_blocks
     return kc
+
+
+def allocate_caches(api: SimpleNamespace, kc: Any, device: Any, layout: Any, nw: Any) -> Any:
+    """A rank's KV caches as its model runner allocates them: in the kernel block size its
+    NIXL worker synced to (`nw.block_size` after base_worker.py _sync_block_size_with_kernel,
+    the model runner's prepare_kernel_block_sizes: select_common_block_size). CPU_ATTN takes
+    BLOCK_SIZE; CPU_MLA's kernel is 16 (cpu_mla.py:67-72), so an MLA logical block is two
+    kernel blocks, and a cache viewed in logical blocks would misplace NIXL's descriptors."""
+    kernel = int(nw.block_size)
+    if kernel == BLOCK_SIZE:
+        return api.allocate_kv_cache(kc, device, layout)
+    return api.allocate_kv_cache(kc, device, layout, [kernel])
+
+
+def logical_block(cache: Any, b: int) -> Any:
+    """Logical block b of a cache allocated in kernel blocks (allocate_caches): its
+    BLOCK_SIZE // kernel consecutive kernel blocks."""
+    k = BLOCK_SIZE // int(cache.shape[-2])  # [B, H, N, C] views (allocate_kv_cache)
+    return cache[b] if k == 1 else cache[b * k : (b + 1) * k]
+
+
+def _mla_spec(api: SimpleNamespace, cfg: Any) -> Any:
+    """MLA's cache: one latent vector per token (kv_lora_rank + qk_rope_head_dim, the
+    model config's head size), the same on every TP rank; as the model's MLAAttention
+    layer declares it (model_executor/layers/attention/mla_attention.py get_kv_cache_spec)."""
+    if api.MLAAttentionSpec is None:
+        raise DriverUnavailable("this vLLM has no MLAAttentionSpec: MLA rows are not driven")
+    fields = {
+        "block_size": BLOCK_SIZE,
+        "num_kv_heads": 1,
+        "head_size": int(cfg.model_config.get_head_size()),
+        "dtype": api.torch.float32,
+        "cache_dtype_str": "auto",
+        "max_tp_shards": 1,  # 0.32: not split over TP (a release without it has no field)
+    }
+    names = {f.name for f in dataclasses.fields(api.MLAAttentionSpec)}
+    return api.MLAAttentionSpec(**{k: v for k, v in fields.items() if k in names})
 
 
 @dataclass
@@ -452,18 +503,23 @@ def keep_affinity() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def tp_identity(tp_rank: int, tp_size: int) -> Iterator[None]:
-    """Be TP rank `tp_rank` of `tp_size` while a worker is built and registers its caches.
+def tp_identity(tp_rank: int, tp_size: int, pcp_rank: int = 0) -> Iterator[None]:
+    """Be TP rank `tp_rank` of `tp_size` (and PCP rank `pcp_rank`) while a worker is built
+    and registers its caches.
 
-    All workers share this process's 1-rank TP group; vLLM's NIXL worker reads its identity
-    from it once (get_tensor_model_parallel_rank / _world_size in __init__) and keeps it.
+    All workers share this process's 1-rank groups; vLLM's NIXL worker reads its identity
+    from them once (get_tensor_model_parallel_rank / _world_size, get_pcp_group().rank_in_group
+    in __init__, base_worker.py:661-672) and keeps it, with what follows from it
+    (pcp_dcp_sharded, transfer_tp_rank, dcp_rank).
     """
     from vllm.distributed import parallel_state
 
     group = parallel_state.get_tp_group()
-    saved = (group.rank_in_group, group.world_size)
+    pcp = parallel_state.get_pcp_group()
+    saved = (group.rank_in_group, group.world_size, pcp.rank_in_group)
     group.rank_in_group, group.world_size = tp_rank, tp_size
+    pcp.rank_in_group = pcp_rank
     try:
         yield
     finally:
-        group.rank_in_group, group.world_size = saved
+        group.rank_in_group, group.world_size, pcp.rank_in_group = saved

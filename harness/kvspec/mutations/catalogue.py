@@ -345,6 +345,16 @@ _ALL = [
         family="decode",
     ),
     _m(
+        "decode-mla-notify-local-id",
+        "MLA, P TP > D TP: the notify-only message to each unread producer rank carries D's "
+        "request id, which P does not recognise (its blocks wait for the lease)",
+        f"{PULL_WORKER}._read_blocks_for_req",
+        "#36958 (pull_worker.py:369-391 sends meta.remote.request_id)",
+        de.notify_local_id,
+        family="decode",
+        decode_rows=("conf-decode-p2-d1-mla",),  # MLA: read P rank 0, notify-only rank 1
+    ),
+    _m(
         "handshake-failure-only-logged",
         "a failed background handshake is only logged: its deferred entries never reach "
         "_failed_recv_reqs, so their requests stay in WAITING_FOR_REMOTE_KVS",

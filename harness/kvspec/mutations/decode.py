@@ -88,6 +88,44 @@ def notif_before_read_done(orig: Any) -> Any:
     return read_blocks
 
 
+def notify_local_id(orig: Any) -> Any:
+    # #36958: MLA with P TP > D TP: D READs one producer rank and notifies the others that
+    # it has the blocks (pull_worker.py:369-391), but with its own request id instead of
+    # meta.remote.request_id; P does not recognise it and holds the blocks until the lease.
+    # vLLM's _read_blocks_for_req as is, its standalone send_notif calls (not those inside
+    # _read_blocks: a READ's own notification and the empty-slice notify) rewritten.
+    def read_for_req(self: Any, req_id: str, meta: Any, *a: Any, **k: Any) -> Any:
+        wrapper = self.nixl_wrapper
+        saved = wrapper.__dict__.get("send_notif")
+        send, inner = wrapper.send_notif, self._read_blocks
+        depth = [0]
+
+        def read_blocks(*ra: Any, **rk: Any) -> Any:
+            depth[0] += 1
+            try:
+                return inner(*ra, **rk)
+            finally:
+                depth[0] -= 1
+
+        def notif(agent: Any, notif_msg: bytes = b"", *na: Any, **nk: Any) -> Any:
+            remote = f"{meta.remote.request_id}:".encode()
+            if depth[0] == 0 and notif_msg.startswith(remote):
+                notif_msg = f"{req_id}:".encode() + notif_msg[len(remote) :]
+            return send(agent, *na, notif_msg=notif_msg, **nk)
+
+        wrapper.send_notif, self._read_blocks = notif, read_blocks
+        try:
+            return orig(self, req_id, meta, *a, **k)
+        finally:
+            del self._read_blocks
+            if saved is None:
+                del wrapper.send_notif
+            else:
+                wrapper.send_notif = saved
+
+    return read_for_req
+
+
 def handshake_failure_only_logged(orig: Any) -> Any:
     # #35943's class on the handshake path: when the background handshake fails, the
     # deferred entry is only logged, never put on _failed_recv_reqs (base_worker.py:

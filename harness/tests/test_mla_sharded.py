@@ -1,0 +1,75 @@
+"""The MLA fixture and PCP + DCP sharded mode on the real classes: vLLM computes each rank's
+identity itself (pcp_dcp_sharded, transfer_tp_rank, dcp_rank), every sharded rank
+publishes and serves, each decode rank reads exactly its own shard, and a READ of an MLA
+block (two CPU_MLA kernel blocks) copies the producer's bytes. Negative controls: the
+replicated PCP cluster keeps replicas silent; a cache viewed in logical blocks is not
+what NIXL registered."""
+
+from __future__ import annotations
+
+import pytest
+from kvspec.matrix import ModelRow, Topology
+from kvspec.model import Action
+from vllm_tests import PREFILL, require_vllm_driver
+
+pytestmark = pytest.mark.vllm
+
+require_vllm_driver()
+
+from kvspec.drivers import vllm_cluster, vllm_env  # noqa: E402
+from kvspec.drivers.vllm_driver import VllmDriver  # noqa: E402
+
+
+def _row(dcp: int) -> ModelRow:
+    return ModelRow(
+        f"t-pcp2-dcp{dcp}", "v0.30-shipped", "nixl", Topology(1, 1, 2), 1, 1, False, dcp=dcp
+    )
+
+
+def test_pure_rank_layout() -> None:
+    sharded, replicated = _row(2), _row(1)
+    assert vllm_cluster.fixture_model(sharded, "kv2") == "mla"
+    assert vllm_cluster.fixture_model(replicated, "kv2") == "kv2"
+    assert vllm_cluster.sharded_decode_tp(sharded) == 2
+    assert vllm_cluster.sharded_decode_tp(replicated) == 0
+    assert [vllm_cluster.transfer_rank(Topology(1, 1, 2), 2, w) for w in (0, 1)] == [0, 1]
+    assert [vllm_cluster.transfer_rank(Topology(1, 1, 2), 1, w) for w in (0, 1)] == [0, 0]
+
+
+def test_sharded_ranks_each_serve_the_reader_of_their_own_shard() -> None:
+    with VllmDriver(_row(2)) as d:
+        c = d.c
+        assert c.model == "mla" and c.cfg.model_config.use_mla
+        for w in (0, 1):
+            nw = c.nixl_worker(w)
+            # vLLM's own __init__ derived these from the PCP group identity.
+            assert (nw.pcp_rank, nw.pcp_dcp_sharded, nw.transfer_tp_rank) == (w, True, w)
+            assert c.workers[w].get_handshake_metadata() is not None  # published
+            plan = c.consumer_nixl(w).connector_worker.tp_mappings[c.engine_id]
+            assert plan.all_source_ranks == (w,) and plan.local_consumers == 1
+        for a in PREFILL * 2:  # prefill, then the metadata carrying reqs_to_send
+            d.step(Action.parse(a))
+        assert d.params[1]["tp_size"] == 2 and d.params[1]["dcp_size"] == 2
+        for w in (0, 1):
+            d.post_read(1, w)
+            d.await_read(1, w)  # raises TransferCorrupted unless the bytes are P rank w's
+
+
+def test_negative_control_replicated_pcp_keeps_replicas_silent() -> None:
+    with VllmDriver(_row(1)) as d:
+        c = d.c
+        assert c.model == "kv2" and len(c.consumers) == 1
+        assert not c.nixl_worker(1).pcp_dcp_sharded
+        assert c.workers[1].get_handshake_metadata() is None
+
+
+def test_mla_caches_are_allocated_in_cpu_mla_kernel_blocks() -> None:
+    with VllmDriver(_row(2)) as d:
+        cache = next(iter(d.c.caches[0].values()))
+        kernel = int(d.c.nixl_worker(0).block_size)
+        # CPU_MLA's kernel block is 16 tokens (cpu_mla.py:67-72), the fixture's block 32.
+        assert kernel == 16 and cache.shape[-2] == kernel
+        assert vllm_env.logical_block(cache, 1).shape[0] == vllm_env.BLOCK_SIZE // kernel
+        # Negative control: indexing the kernel-block cache as logical blocks would read
+        # the wrong bytes (block 1 is the second kernel block, half of logical block 0).
+        assert not bool((cache[1] == vllm_env.logical_block(cache, 1)[0]).all())
