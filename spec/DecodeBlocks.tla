@@ -29,10 +29,11 @@
 (*    Decode.tla has the completion accounting; here only the blocks).    *)
 (* Design "defer" is 0.32 (#45357); "at-once" frees at once, as before it. *)
 (* Abstractions: one block per request, plus one more when a running one   *)
-(* crosses a block boundary (Grow); the preemption's victim is any running *)
-(* request (FCFS takes the newest running); it is its own action, then the  *)
-(* schedule it belongs to and nothing else (pre); a victim is freeable iff *)
-(* no unprocessed step with tokens scheduled it (the counters as a count). *)
+(* crosses a block boundary (Grow); the preemption happens inside the      *)
+(* schedule, in the running loop's order (run); FCFS's victim is the       *)
+(* newest running request, priority's any (the requests' priorities); a    *)
+(* victim is freeable iff no unprocessed step with tokens scheduled it (the*)
+(* counters as a count).                                                   *)
 (***************************************************************************)
 EXTENDS Naturals, FiniteSets, Sequences
 
@@ -78,9 +79,11 @@ VARIABLES
                \* posts), ran
     rd,        \* r's READ: "none" | "posted" | "landed" | "seen" (finished_recving
                \* processed)
-    pre        \* a preemption happened in the schedule being built
+    run,       \* self.running, in order (the running loop's order; FCFS's victim is
+               \* its last)
+    prio       \* r: its priority (request.priority; lower runs first); any, fixed at Init
 
-vars == <<st, kv, dst, held, want, queue, need, free, deferred, steps, rd, pre>>
+vars == <<st, kv, dst, held, want, queue, need, free, deferred, steps, rd, run, prio>>
 
 Step == [batch : SUBSET Reqs, tbl : [Reqs -> SUBSET Blocks], recv : SUBSET Reqs,
          ran : BOOLEAN]
@@ -93,7 +96,8 @@ TypeOK ==
     /\ deferred \subseteq (1 .. Depth) \X Blocks
     /\ steps \in Seq(Step) /\ Len(steps) <= Depth
     /\ rd \in [Reqs -> {"none", "posted", "landed", "seen"}]
-    /\ pre \in BOOLEAN
+    /\ run \in Seq(Reqs)
+    /\ prio \in [Reqs -> 1 .. Cardinality(Reqs)]
 
 \* Every block is free, deferred, or held by exactly one request.
 BlocksAccounted ==
@@ -117,7 +121,9 @@ Init ==
     /\ deferred = {}
     /\ steps = <<>>
     /\ rd = [r \in Reqs |-> "none"]
-    /\ pre = FALSE
+    /\ run = [j \in 1 .. NLocal |-> j]
+    \* FCFS ignores priorities: one assignment keeps its state space.
+    /\ prio \in IF Policy = "fcfs" THEN {[r \in Reqs |-> 1]} ELSE [Reqs -> 1 .. Cardinality(Reqs)]
 
 ASSUME Cardinality(Local) <= NBlocks
 
@@ -141,108 +147,135 @@ Sum(S) == LET f[T \in SUBSET Reqs] == IF T = {} THEN 0
                                       ELSE LET x == CHOOSE y \in T : TRUE
                                            IN need[x] + f[T \ {x}]
           IN f[S]
-Prefix(k) == {queue[j] : j \in 1 .. k}
+\* The priority policy's order: (priority, arrival) ascending, arrival = request id
+\* (request.py: Request.__lt__; local requests arrived first).
+Before(x, y) == prio[x] < prio[y] \/ (prio[x] = prio[y] /\ x < y)
+RECURSIVE Sorted(_)
+Sorted(S) == IF S = {} THEN <<>>
+             ELSE LET m == CHOOSE x \in S : \A y \in S : y = x \/ Before(x, y)
+                  IN <<m>> \o Sorted(S \ {m})
+\* The waiting requests in the order the waiting loop pops them: the queue (fcfs: a
+\* deque, preempted ones prepended) or the heap (priority: add_request, S:1613).
+Order == IF Policy = "fcfs" THEN queue ELSE Sorted(Range(queue))
+Prefix(q, k) == {q[j] : j \in 1 .. k}
 \* The waiting requests one schedule admits with n blocks left after the running ones:
-\* in queue order up to the first that does not fit (fcfs), or in any order (priority);
-\* none after a preemption in this schedule (S:900).
+\* in that order up to the first that does not fit (the waiting loop breaks at the first
+\* allocate_slots that fails, S:1274-1281); none after a preemption in this schedule
+\* (S:900: schedule does not call it then).
 Admits(n) ==
-    IF pre THEN {{}}
-    ELSE IF Policy = "fcfs"
-    THEN {Prefix(k) : k \in {k \in 0 .. Len(queue) :
-                               Sum(Prefix(k)) <= n
-                               /\ (k = Len(queue) \/ Sum(Prefix(k + 1)) > n)}}
-    ELSE {S \in SUBSET Range(queue) :
-             Sum(S) <= n /\ (S = Range(queue) \/ \E x \in Range(queue) \ S : Sum(S) + need[x] > n)}
+    LET q == Order
+    IN {Prefix(q, k) : k \in {k \in 0 .. Len(q) :
+                                Sum(Prefix(q, k)) <= n
+                                /\ (k = Len(q) \/ Sum(Prefix(q, k + 1)) > n)}}
 
-(* Scheduler.schedule.  Running requests first: one that needs a block    *)
-(* gets a free one or is not scheduled this step (its preemption is        *)
-(* preempt(v)); a request whose READ was seen is promoted and runs; then   *)
-(* waiting requests are admitted (Admits), a remote one to                 *)
+(* Scheduler.schedule (S:659-1553).  The running loop (S:662-884) walks    *)
+(* self.running in order (run): a request that needs no block is           *)
+(* scheduled; one that needs a block takes a free one; with none free it   *)
+(* preempts a victim (FCFS: the newest running, running[-1]; priority:     *)
+(* the lowest priority, any running request here, S:795-801) whose blocks  *)
+(* go back at once and retries, unless the victim's blocks cannot be freed *)
+(* now ("a deferred free will not help", S:804-806): then it breaks, and   *)
+(* neither it nor any request after it runs this step (S:851-853); a       *)
+(* request that preempts itself breaks too (S:845-847).  A preemption       *)
+(* skips the whole waiting loop (S:900), promotions included; else the     *)
+(* requests whose READ was seen are promoted first (kv_holding_waiting,    *)
+(* S:913-918) and waiting requests admitted (Admits), a remote one to      *)
 (* WAITING_FOR_REMOTE_KVS with its READ posted by this step.               *)
+Remove(q, j) == [k \in 1 .. (Len(q) - 1) |-> IF k < j THEN q[k] ELSE q[k + 1]]
+IndexOf(q, x) == CHOOSE j \in 1 .. Len(q) : q[j] = x
+\* FCFS: running[-1]; priority: max(running, key=(priority, arrival)) (S:795-801).
+Victims(q) == IF Policy = "fcfs" THEN {q[Len(q)]}
+              ELSE {CHOOSE v \in Range(q) : \A y \in Range(q) : y = v \/ Before(y, v)}
+
+\* The loop's state: free, held, run, want, batch, the preempted (in order), stop.
+RECURSIVE Loop(_, _)
+Loop(i, s) ==
+    IF s.stop \/ i > Len(s.run) THEN {s}
+    ELSE LET r == s.run[i]
+         IN IF r \notin s.want THEN Loop(i + 1, [s EXCEPT !.batch = @ \cup {r}])
+            ELSE IF s.free # {} THEN
+                UNION {Loop(i + 1, [s EXCEPT !.batch = @ \cup {r}, !.free = @ \ {b},
+                                             !.held[r] = @ \cup {b}, !.want = @ \ {r}])
+                       : b \in s.free}
+            ELSE UNION {IF ~CanFree(v) THEN {[s EXCEPT !.stop = TRUE]}
+                        ELSE LET j == IndexOf(s.run, v)
+                                 s2 == [s EXCEPT !.run = Remove(@, j),
+                                                 !.free = @ \cup s.held[v],
+                                                 !.held[v] = {}, !.batch = @ \ {v},
+                                                 !.want = @ \ {v}, !.pq = @ \o <<v>>,
+                                                 \* recompute: all it held, and the block
+                                                 \* it was waiting for if it wanted one
+                                                 !.need[v] = Cardinality(s.held[v])
+                                                             + (IF v \in s.want THEN 1 ELSE 0)]
+                             IN IF v = r THEN {[s2 EXCEPT !.stop = TRUE]}
+                                ELSE Loop(IF j < i THEN i - 1 ELSE i, s2)
+                        : v \in Victims(s.run)}
+
+\* prepend_request of each victim in turn (S:1613): the last one ends at the head.
+RECURSIVE Prepend(_, _)
+Prepend(pq, q) == IF pq = <<>> THEN q ELSE Prepend(Tail(pq), <<Head(pq)>> \o q)
 schedule ==
     /\ Len(steps) < Depth
-    /\ pre' = FALSE
-    /\ LET running == {r \in Reqs : st[r] = "running"}
-           wanting == want \cap running
-       IN \E grown \in SUBSET wanting :
-           \* allocate_slots fails only when the pool is empty
-           /\ Cardinality(grown) <= Cardinality(free)
-           /\ grown = wanting \/ Cardinality(grown) = Cardinality(free)
-           /\ \E admit \in Admits(Cardinality(free) - Cardinality(grown)) :
-              \E give \in [grown \cup admit -> SUBSET free] :
-                /\ \A r \in grown \cup admit :
-                      Cardinality(give[r]) = IF r \in grown THEN 1 ELSE need[r]
-                /\ \A x, y \in grown \cup admit : x # y => give[x] \cap give[y] = {}
-                /\ LET promoted == {r \in Reqs : st[r] = "wfrk" /\ rd[r] = "seen"}
-                       newLocal == {r \in admit : kv[r] = "local"}
-                       batch == (running \ (want \ grown)) \cup promoted \cup newLocal
-                       held2 == [r \in Reqs |-> IF r \in grown \cup admit
-                                                THEN held[r] \cup give[r] ELSE held[r]]
-                   IN /\ held' = held2
-                      /\ dst' = [r \in Reqs |-> IF r \in admit \ newLocal THEN give[r]
-                                               ELSE dst[r]]
-                      /\ free' = free \ UNION {give[r] : r \in grown \cup admit}
-                      /\ want' = want \ grown
-                      /\ queue' = SelectSeq(queue, LAMBDA x : x \notin admit)
-                      /\ st' = [r \in Reqs |->
-                                  IF r \in promoted \cup newLocal THEN "running"
-                                  ELSE IF r \in admit THEN "wfrk" ELSE st[r]]
-                      /\ steps' = Append(steps,
-                            [batch |-> batch, tbl |-> [r \in Reqs |-> held2[r]],
-                             recv |-> admit \ newLocal, ran |-> FALSE])
-    /\ UNCHANGED <<kv, need, deferred, rd>>
-
-(* The running loop's preemption (S:776-848), at a schedule: a running    *)
-(* request needs a block and none is free; the victim's blocks must be     *)
-(* freeable now (defer: none of its steps in flight).  It goes back to     *)
-(* waiting and recomputes locally.  Only the schedule it belongs to (pre) *)
-(* follows it: nothing else runs in between.                               *)
-preempt(v) ==
-    /\ Grow /\ Len(steps) < Depth
-    /\ free = {} /\ \E r \in want : st[r] = "running"
-    /\ st[v] = "running" /\ CanFree(v)
-    /\ FreeAll({v}, 1)
-    /\ held' = [held EXCEPT ![v] = {}]
-    /\ dst' = [dst EXCEPT ![v] = {}]
-    /\ st' = [st EXCEPT ![v] = "waiting"]
-    /\ queue' = <<v>> \o queue      \* prepend_request (S:1613)
-    /\ need' = [need EXCEPT ![v] = Cardinality(held[v])]
-    /\ kv' = [kv EXCEPT ![v] = "local"]
-    /\ want' = want \ {v}
-    /\ pre' = TRUE
-    /\ UNCHANGED <<steps, rd>>
+    /\ \E s \in Loop(1, [free |-> free, held |-> held, run |-> run, want |-> want,
+                         batch |-> {}, pq |-> <<>>, need |-> need, stop |-> FALSE]) :
+        LET pre == s.pq # <<>>
+            victims == Range(s.pq)
+            promoted == IF pre THEN {} ELSE {r \in Reqs : st[r] = "wfrk" /\ rd[r] = "seen"}
+        IN \E admit \in (IF pre THEN {{}} ELSE Admits(Cardinality(s.free))) :
+           \E give \in [admit -> SUBSET s.free] :
+             /\ \A r \in admit : Cardinality(give[r]) = s.need[r]
+             /\ \A x, y \in admit : x # y => give[x] \cap give[y] = {}
+             /\ LET newLocal == {r \in admit : kv[r] = "local"}
+                    held2 == [r \in Reqs |-> IF r \in admit THEN give[r] ELSE s.held[r]]
+                IN /\ held' = held2
+                   /\ dst' = [r \in Reqs |-> IF r \in admit \ newLocal THEN give[r]
+                                            ELSE IF r \in victims THEN {} ELSE dst[r]]
+                   /\ free' = s.free \ UNION {give[r] : r \in admit}
+                   /\ want' = s.want
+                   /\ need' = s.need
+                   /\ kv' = [r \in Reqs |-> IF r \in victims THEN "local" ELSE kv[r]]
+                   \* promoted in kv_holding_waiting's order (the policy's queue: for FCFS, admission's)
+                   /\ run' = s.run \o Sorted(promoted) \o SelectSeq(Order, LAMBDA x : x \in newLocal)
+                   /\ queue' = Prepend(s.pq, SelectSeq(queue, LAMBDA x : x \notin admit))
+                   /\ st' = [r \in Reqs |->
+                               IF r \in promoted \cup newLocal THEN "running"
+                               ELSE IF r \in victims THEN "waiting"
+                               ELSE IF r \in admit THEN "wfrk" ELSE st[r]]
+                   /\ steps' = Append(steps,
+                         [batch |-> s.batch \cup promoted \cup newLocal,
+                          tbl |-> [r \in Reqs |-> held2[r]],
+                          recv |-> admit \ newLocal, ran |-> FALSE])
+    /\ UNCHANGED <<deferred, rd, prio>>
 
 (* A running request's next token crosses a block boundary (once).         *)
 grow(r) ==
-    /\ Grow /\ ~pre
+    /\ Grow
     /\ st[r] = "running" /\ r \notin want /\ Cardinality(held[r]) = 1
     /\ want' = want \cup {r}
-    /\ UNCHANGED <<st, kv, dst, held, queue, need, free, deferred, steps, rd, pre>>
+    /\ UNCHANGED <<st, kv, dst, held, queue, need, free, deferred, steps, rd, run, prio>>
 
 (* The oldest step's workers: start_load_kv posts its READs, the forward   *)
 (* is enqueued (it writes tbl's blocks until the step's output is back).   *)
 StepToRun == CHOOSE i \in 1 .. Len(steps) : ~steps[i].ran /\ \A j \in 1 .. (i - 1) : steps[j].ran
 execute ==
-    /\ ~pre
     /\ \E i \in 1 .. Len(steps) : ~steps[i].ran
     /\ LET i == StepToRun
        IN /\ steps' = [steps EXCEPT ![i].ran = TRUE]
           /\ rd' = [r \in Reqs |-> IF r \in steps[i].recv /\ st[r] = "wfrk"
                                    THEN "posted" ELSE rd[r]]
-    /\ UNCHANGED <<st, kv, dst, held, want, queue, need, free, deferred, pre>>
+    /\ UNCHANGED <<st, kv, dst, held, want, queue, need, free, deferred, run, prio>>
 
 (* The READ lands in r's blocks.                                           *)
 read_done(r) ==
     /\ rd[r] = "posted"
     /\ rd' = [rd EXCEPT ![r] = "landed"]
-    /\ UNCHANGED <<st, kv, dst, held, want, queue, need, free, deferred, steps, pre>>
+    /\ UNCHANGED <<st, kv, dst, held, want, queue, need, free, deferred, steps, run, prio>>
 
 (* update_from_output of the oldest step: processed_step_seq moves and the *)
 (* deferred frees it fences drain (a step with tokens only); landed READs  *)
 (* are seen (finished_recving); requests of its batch may finish (Stop),   *)
 (* their blocks freed through _free_request_blocks.                        *)
 update ==
-    /\ ~pre
     /\ Len(steps) > 0 /\ steps[1].ran
     /\ \E fin \in SUBSET {r \in steps[1].batch : st[r] = "running"} :
         /\ Stop \/ fin = {}
@@ -258,9 +291,10 @@ update ==
         /\ dst' = [r \in Reqs |-> IF r \in fin THEN {} ELSE dst[r]]
         /\ st' = [r \in Reqs |-> IF r \in fin THEN "done" ELSE st[r]]
         /\ want' = want \ fin
+        /\ run' = SelectSeq(run, LAMBDA x : x \notin fin)
     /\ rd' = [r \in Reqs |-> IF rd[r] = "landed" THEN "seen" ELSE rd[r]]
     /\ steps' = Tail(steps)
-    /\ UNCHANGED <<kv, queue, need, pre>>
+    /\ UNCHANGED <<kv, queue, need, prio>>
 
 \* The engine steps while it has requests or steps in flight.
 Busy == (\E r \in Reqs : st[r] # "done") \/ steps # <<>>
@@ -268,7 +302,7 @@ Done == ~Busy /\ UNCHANGED vars
 
 Next ==
     \/ schedule \/ execute \/ update
-    \/ \E r \in Reqs : grow(r) \/ preempt(r) \/ read_done(r)
+    \/ \E r \in Reqs : grow(r) \/ read_done(r)
     \/ Done
 
 Spec == Init /\ [][Next]_vars

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvspec.drivers.base import MissingAction
+from kvspec.drivers.vllm_env import BLOCK_SIZE, DriverUnavailable
 from kvspec.itf import JSON, value_from_itf
 from kvspec.lease_conform import run_conform_rows
 from kvspec.lease_traces import TRACES, LeaseConformance, _edges, edge_traces, lease_graph
@@ -26,13 +27,12 @@ from kvspec.sweep import Sweep, SweepRow
 from kvspec.tlcvalue import Value
 
 REGRESSIONS = Path(__file__).resolve().parents[2] / "conformance" / "blocks"
+DEFAULT_PROMPT = 8  # tokens: a request that never grows stays well inside its block
 
 
 def why_not_driven(row: SweepRow) -> str | None:
     """Why the installed vLLM (0.32: deferred frees) cannot be driven as this row."""
     c = row.consts
-    if c["Grow"]:
-        return "a request crossing a block boundary (its token count is not steered)"
     if int(c["Batches"]) > 2:
         return "three batches in flight (the V2 runner at PP 2)"
     if c["Design"] == "at-once" and int(c["Batches"]) > 1:
@@ -58,12 +58,63 @@ def step_of(a: dict[str, Any], b: dict[str, Any], action: str) -> tuple[str, tup
         r = next(i for i, (x, y) in enumerate(zip(_seq(a["rd"]), _seq(b["rd"]), strict=True), 1)
                  if x != y)  # fmt: skip
         return action, (r,)
+    if action == "grow":
+        r = next(iter(frozenset(b["want"]) - frozenset(a["want"])))
+        return action, (r,)
     if action == "update":
         fin = frozenset(i for i, (x, y) in enumerate(zip(_seq(a["st"]), _seq(b["st"]),
                                                          strict=True), 1)
                         if x != "done" and y == "done")  # fmt: skip
         return action, (fin,)
-    raise MissingAction(f"action {action!r} is not driven (grow and preempt need Grow rows)")
+    raise MissingAction(f"action {action!r} is not driven")
+
+
+def _in_batch_counts(doc: dict[str, JSON]) -> tuple[dict[int, int], dict[int, int]]:
+    """Per request: how many schedules put it in a step (its tokens) in the whole trace,
+    and before its grow (if it grows)."""
+    raw: Any = doc["states"]
+    states = [_decode(s) for s in raw]
+    total: dict[int, int] = {}
+    at_grow: dict[int, int] = {}
+    for i in range(1, len(states)):
+        action = str(raw[i]["#meta"]["action"])
+        name, args = step_of(states[i - 1], states[i], action) if action in (
+            "schedule", "grow") else (action, ())  # fmt: skip
+        if name == "schedule":
+            for r in _seq(states[i]["steps"])[-1]["batch"]:
+                total[int(r)] = total.get(int(r), 0) + 1
+        elif name == "grow":
+            at_grow[int(args[0])] = total.get(int(args[0]), 0)
+    return total, at_grow
+
+
+def prompt_plan(doc: dict[str, JSON], nlocal: int, nreq: int) -> dict[int, int]:
+    """Each request's prompt length, so that its token count crosses a block boundary
+    exactly at its first schedule after the trace's grow(r), and never if it does not
+    grow: the spec's Grow, steered by construction (the forward makes one token per
+    scheduled request; nothing of vLLM's state is edited).
+
+    Each schedule that puts r in a step computes one position more (a preempted request's
+    recompute included: with deferred frees a victim has no step in flight, so none of
+    its outputs is dropped). A local request (set up by a prefill and a decode step)
+    computes position P + j at its j-th schedule of the trace, a remote one P - 1 + (j -
+    1) (its first is the promotion, which recomputes the prompt's last token, S:3171); a
+    position of BLOCK_SIZE or more needs a second block. Default prompt: 8 tokens."""
+    total, at_grow = _in_batch_counts(doc)
+    plan: dict[int, int] = {}
+    for r in range(1, nreq + 1):
+        local = r <= nlocal
+        if r in at_grow:
+            d = at_grow[r]
+            p = BLOCK_SIZE - d - 1 if local else BLOCK_SIZE + 1 - d
+        else:
+            d = total.get(r, 0)
+            p = min(DEFAULT_PROMPT, BLOCK_SIZE - d - 1 if local else BLOCK_SIZE + 1 - d)
+        if not 1 <= p <= BLOCK_SIZE:  # the trace is longer than a block: not steerable
+            raise DriverUnavailable(f"request {r}: no prompt length puts its block boundary "
+                                f"at the trace's step (prompt {p})")  # fmt: skip
+        plan[r] = p
+    return plan
 
 
 @dataclass(frozen=True)
@@ -98,13 +149,18 @@ def replay_blocks(doc: dict[str, JSON], driver: Any) -> BlocksReplay:
     return BlocksReplay(len(states) - 1, None)
 
 
-DriverFactory = Callable[[SweepRow], Any]
+# (row, prompt length per request) -> a driver
+DriverFactory = Callable[[SweepRow, dict[int, int]], Any]
 
 
-def _vllm_blocks_driver(row: SweepRow) -> Any:
+def _vllm_blocks_driver(row: SweepRow, prompts: dict[int, int]) -> Any:
     from kvspec.drivers.blocks_driver import BlocksDriver
 
-    return BlocksDriver(row)
+    return BlocksDriver(row, prompts=prompts)
+
+
+def _plan(doc: dict[str, JSON], row: SweepRow) -> dict[int, int]:
+    return prompt_plan(doc, int(row.consts["NLocal"]), row.requests)
 
 
 def conform_row(
@@ -116,7 +172,7 @@ def conform_row(
     (work / row.name / TRACES).write_text(json.dumps(docs) + "\n")
     res = LeaseConformance(row.name, len(_edges(g)), len(docs))
     for doc in docs:
-        with make_driver(row) as driver:
+        with make_driver(row, _plan(doc, row)) as driver:
             got = replay_blocks(doc, driver)
         res.record(f"{row.name}/{doc['#meta']['trace']}", got.divergence)
     return res
@@ -138,8 +194,9 @@ def replay_regression(
     name = next((n for n in sorted(rows, key=len, reverse=True) if stem.startswith(n + "-")), None)
     if name is None:
         raise ValueError(f"{path}: names no row of spec/blocks-matrix.toml; rename it <row>-<prop>")
-    with make_driver(rows[name]) as driver:
-        return replay_blocks(json.loads(path.read_text()), driver)
+    doc = json.loads(path.read_text())
+    with make_driver(rows[name], _plan(doc, rows[name])) as driver:
+        return replay_blocks(doc, driver)
 
 
 def run_blocks_regressions(work: Path | None = None) -> Any:
@@ -159,7 +216,7 @@ def run_blocks_regressions(work: Path | None = None) -> Any:
             for doc in edge_traces(g, row):
                 name = f"{row.name}/{doc['#meta']['trace']}"
                 try:
-                    with _vllm_blocks_driver(row) as driver:
+                    with _vllm_blocks_driver(row, _plan(doc, row)) as driver:
                         got = replay_blocks(doc, driver)
                 except Exception as exc:  # vLLM raised out of an action: a crash
                     return DecodeRun(name, crash=f"{type(exc).__name__}: {exc}")

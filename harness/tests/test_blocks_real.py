@@ -7,6 +7,7 @@ row's traces: the negative control."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from typing import Any
 import pytest
 from kvspec.blocks import BLOCKS
 from kvspec.blocks_traces import REGRESSIONS, conform_row, replay_regression, why_not_driven
+from kvspec.itf import value_from_itf
+from kvspec.lease_traces import TRACES
 from kvspec.sweep import load_sweep_matrix
 
 ROWS = {r.name: r for r in load_sweep_matrix(BLOCKS)}
@@ -25,13 +28,43 @@ def test_which_rows_are_driven() -> None:
     assert why_not_driven(ROWS["async-defer-stop"]) is None
     assert why_not_driven(ROWS["sync-at-once-stop"]) is None
     assert "not the installed" in str(why_not_driven(ROWS["async-at-once-stop"]))
-    assert "block boundary" in str(why_not_driven(ROWS["async-defer-preempt"]))
+    assert why_not_driven(ROWS["async-defer-preempt"]) is None  # Grow, steered
+    assert "three batches" in str(why_not_driven(ROWS["v2pp2-defer-preempt"]))
 
 
 def _driver(pre_fix: bool) -> Any:
     from kvspec.drivers.blocks_driver import BlocksDriver
 
-    return lambda row: BlocksDriver(row, pre_fix=pre_fix)
+    return lambda row, prompts: BlocksDriver(row, pre_fix=pre_fix, prompts=prompts)
+
+
+def _shifted(by: int) -> Any:
+    """The shipped scheduler with every prompt `by` tokens off the trace's plan."""
+    from kvspec.drivers.blocks_driver import BlocksDriver
+
+    return lambda row, prompts: BlocksDriver(row, prompts={r: p + by for r, p in prompts.items()})
+
+
+@pytest.mark.vllm
+@needs_java
+def test_the_running_loop_preempts_as_the_spec_says(tmp_path: Path) -> None:
+    """Grow steered by the prompt length: every trace of the preemption row conforms
+    (vLLM's own running loop picks the victim, running[-1]); negative control: one token
+    more, and each request's block boundary comes a schedule before the trace's grow, so
+    every trace diverges (each one grows a request)."""
+    row = ROWS["async-defer-preempt"]
+    res = conform_row(BLOCKS, row, tmp_path, _driver(False))
+    assert res.traces > 20 and res.conforming == res.traces, res.divergences
+    docs = json.loads((tmp_path / row.name / TRACES).read_text())
+    nlocal = int(row.consts["NLocal"])
+
+    def preempts(doc: dict[str, Any]) -> bool:  # a local request back to waiting
+        sts = [value_from_itf(s["st"]) for s in doc["states"]]  # a tuple: request r at r - 1
+        return any(st[r] == "waiting" for st in sts for r in range(nlocal))  # type: ignore[index]
+
+    assert sum(map(preempts, docs)) >= 10  # preempted on the real scheduler, as the spec
+    early = conform_row(BLOCKS, row, tmp_path / "early", _shifted(+1))
+    assert len(early.divergences) == early.traces, early
 
 
 @pytest.mark.vllm

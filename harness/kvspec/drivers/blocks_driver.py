@@ -11,6 +11,7 @@ request's blocks go back to the pool (deferred_frees, #45357).
 |---|---|
 | `schedule` | `Scheduler.schedule()`; the step's table: its requests' block ids then |
 | `execute` | the step's workers: its READs are posted (nothing real: no worker) |
+| `grow(r)` | nothing: r's prompt was sized so its next token needs a block (checked) |
 | `read_done(r)` | the READ landed (reported by the next processed step's workers) |
 | `update` | `update_from_output` of the oldest step; the requests the spec finishes: |
 | | `finish_requests(..., FINISHED_LENGTH_CAPPED)` (the `_free_request` path of a stop) |
@@ -21,8 +22,10 @@ one step at a time) until it runs with one block; then the remote requests are a
 what does not depend on them): each request's state and block count, the pool's free and
 deferred block counts, each step's batch, and which in-flight step writes a block some
 other request's READ fills. `pre_fix` re-introduces #45357's bug in memory (the scheduler's
-defer_block_free off: the "at-once" design). Not driven: rows with Grow (a request crossing a block
-boundary needs its token count steered to the boundary) and three batches (V2 runner, PP 2).
+defer_block_free off: the "at-once" design). Grow is steered by construction: each
+request's prompt length is chosen from the trace (blocks_traces.prompt_plan) so that its
+tokens cross a block boundary at the schedule after the trace's grow(r); preemption then
+happens inside vLLM's schedule, as in the spec. Not driven: three batches (V2 runner, PP 2).
 """
 
 from __future__ import annotations
@@ -65,6 +68,8 @@ class BlocksDriver:
     row: SweepRow
     device: str = "cpu"
     pre_fix: bool = False  # re-introduce #45357's bug in memory: free at once
+    # r -> its prompt length (blocks_traces.prompt_plan steers Grow with it); default 8
+    prompts: dict[int, int] = field(default_factory=dict)
     steps: deque[BStep] = field(default_factory=deque)
     rd: dict[int, str] = field(default_factory=dict)
     dst: dict[int, frozenset[int]] = field(default_factory=dict)
@@ -72,9 +77,8 @@ class BlocksDriver:
 
     def __post_init__(self) -> None:
         c = self.row.consts
-        if c["Grow"] or int(c["Batches"]) > 2:
-            raise DriverUnavailable(f"{self.row.name}: rows with Grow or three batches "
-                                    "are not driven")  # fmt: skip
+        if int(c["Batches"]) > 2:
+            raise DriverUnavailable(f"{self.row.name}: three batches are not driven")
         self.N, self.NL = self.row.requests, int(c["NLocal"])
         self.depth = int(c["Batches"])
         self.api = api = vllm_api()
@@ -111,7 +115,8 @@ class BlocksDriver:
     def _request(self, r: int, remote: bool) -> Any:
         api = self.api
         rq = api.Request(
-            request_id=rid(r), prompt_token_ids=[(r * 31 + i) % 500 + 3 for i in range(8)],
+            request_id=rid(r),
+            prompt_token_ids=[(r * 31 + i) % 500 + 3 for i in range(self.prompts.get(r, 8))],
             sampling_params=api.SamplingParams(max_tokens=64), pooling_params=None,
         )  # fmt: skip
         if remote:
@@ -174,6 +179,17 @@ class BlocksDriver:
         if self.rd[r] != "posted":
             raise MissingAction(f"read_done({r}): no READ posted")
         self.rd[r] = "landed"
+
+    def grow(self, r: int) -> None:
+        """DecodeBlocks `grow(r)`: r's next token crosses a block boundary. Its prompt was
+        sized for this (blocks_traces.prompt_plan); vLLM must agree that the next schedule
+        needs one more block for it (num_new_tokens, S:703-707; allocate_slots)."""
+        q = self.d.requests.get(rid(r))
+        if q is None:
+            raise MissingAction(f"grow({r}): no such request")
+        upto = q.num_tokens_with_spec + q.num_output_placeholders
+        if -(-upto // BLOCK_SIZE) <= len(self._blocks(r)):
+            raise MissingAction(f"grow({r}): its next token fits its blocks ({upto} tokens)")
 
     def update(self, fin: frozenset[int]) -> None:
         """DecodeBlocks `update`: update_from_output of the oldest step (the READs that
