@@ -39,7 +39,14 @@ def test_bad_matrix_is_one_line_and_exit_2(
 
 @pytest.mark.skipif(shutil.which("java") is None, reason="java not installed")
 @pytest.mark.parametrize(
-    "name", ["tp1-wait80s-hb-ok", "tp1-wait30s-hb-lost", "tp1-wait25s-hb-lost"]
+    "name",
+    [
+        "tp1-wait80s-hb-ok",
+        "tp1-wait30s-hb-lost",  # known bad: NoFreeUnderRead violated
+        # lost heartbeats, only the fused property flags a harmless free: 29 s of TLC,
+        # make test-full
+        pytest.param("tp1-wait25s-hb-lost", marks=pytest.mark.slow),
+    ],
 )
 def test_tlc_verdicts_are_the_expected_ones(name: str, tmp_path: Path) -> None:
     res = check_sweep_row(CLOCK, ROWS[name], tmp_path)
