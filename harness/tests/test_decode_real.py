@@ -32,6 +32,10 @@ def _traces(row: str) -> list[tuple[str, object, list[tuple[str, dict[str, objec
     return suite("full", frozenset([row]))  # type: ignore[return-value]
 
 
+# Rows replayed as an even sample of about this many traces (MLA: 249 traces, 17 s).
+SAMPLED = {"conf-decode-p2-d1-mla": 40}
+
+
 @pytest.mark.parametrize(
     "row",
     [
@@ -55,6 +59,8 @@ def _traces(row: str) -> list[tuple[str, object, list[tuple[str, dict[str, objec
 def test_the_installed_decode_engine_conforms(row: str) -> None:
     traces = _traces(row)
     assert traces
+    if row in SAMPLED:  # an even sample in make test; every trace in `kvspec decode --conform`
+        traces = traces[:: max(1, len(traces) // SAMPLED[row])]
     inconclusive = []
     for name, srow, trace in traces:
         # A wait that expires twice is inconclusive (a loaded machine), never a verdict.
