@@ -50,11 +50,16 @@ CONSTANTS
     Policy,          \* "fcfs" (vLLM's default: the waiting queue in order, a preempted
                      \* request at its head, admission stops at the first that does not
                      \* fit) | "priority" (any order: the requests' priorities)
-    Design           \* "defer" (0.32, #45357) | "at-once" (before #45357)
+    Design,          \* "defer" (0.32, #45357) | "at-once" (before #45357)
+    Stagger          \* AsyncScheduler's decode_stagger on the V2 runner: a request scheduled
+                     \* for a full step may decode again only Stagger steps later
+                     \* (async_scheduler.py:19-23, 52-57; the check S:680-684): pp_size,
+                     \* i.e. 2 at Batches 3; 1 at PP 1, and on XPU without
+                     \* VLLM_XPU_PP_MICROBATCH
 
 ASSUME /\ Batches \in 1 .. 3 /\ Grow \in BOOLEAN /\ Stop \in BOOLEAN
        /\ Design \in {"defer", "at-once"} /\ Policy \in {"fcfs", "priority"} /\ NBlocks \in Nat \ {0}
-       /\ NLocal \in Nat
+       /\ NLocal \in Nat /\ Stagger \in 1 .. 2
 
 Local == {r \in Reqs : r <= NLocal}
 Remote == Reqs \ Local
@@ -81,9 +86,10 @@ VARIABLES
                \* processed)
     run,       \* self.running, in order (the running loop's order; FCFS's victim is
                \* its last)
-    prio       \* r: its priority (request.priority; lower runs first); any, fixed at Init
+    prio,      \* r: its priority (request.priority; lower runs first); any, fixed at Init
+    cool       \* r: schedules left before r may decode again (V2 runner + PP + async)
 
-vars == <<st, kv, dst, held, want, queue, need, free, deferred, steps, rd, run, prio>>
+vars == <<st, kv, dst, held, want, queue, need, free, deferred, steps, rd, run, prio, cool>>
 
 Step == [batch : SUBSET Reqs, tbl : [Reqs -> SUBSET Blocks], recv : SUBSET Reqs,
          ran : BOOLEAN]
@@ -98,6 +104,7 @@ TypeOK ==
     /\ rd \in [Reqs -> {"none", "posted", "landed", "seen"}]
     /\ run \in Seq(Reqs)
     /\ prio \in [Reqs -> 1 .. Cardinality(Reqs)]
+    /\ cool \in [Reqs -> 0 .. (Stagger - 1)]
 
 \* Every block is free, deferred, or held by exactly one request.
 BlocksAccounted ==
@@ -124,6 +131,7 @@ Init ==
     /\ run = [j \in 1 .. NLocal |-> j]
     \* FCFS ignores priorities: one assignment keeps its state space.
     /\ prio \in IF Policy = "fcfs" THEN {[r \in Reqs |-> 1]} ELSE [Reqs -> 1 .. Cardinality(Reqs)]
+    /\ cool = [r \in Reqs |-> 0]
 
 ASSUME Cardinality(Local) <= NBlocks
 
@@ -192,7 +200,8 @@ RECURSIVE Loop(_, _)
 Loop(i, s) ==
     IF s.stop \/ i > Len(s.run) THEN {s}
     ELSE LET r == s.run[i]
-         IN IF r \notin s.want THEN Loop(i + 1, [s EXCEPT !.batch = @ \cup {r}])
+         IN IF cool[r] > 0 THEN Loop(i + 1, s)  \* not eligible yet: skipped (continue)
+            ELSE IF r \notin s.want THEN Loop(i + 1, [s EXCEPT !.batch = @ \cup {r}])
             ELSE IF s.free # {} THEN
                 UNION {Loop(i + 1, [s EXCEPT !.batch = @ \cup {r}, !.free = @ \ {b},
                                              !.held[r] = @ \cup {b}, !.want = @ \ {r}])
@@ -241,6 +250,9 @@ schedule ==
                                IF r \in promoted \cup newLocal THEN "running"
                                ELSE IF r \in victims THEN "waiting"
                                ELSE IF r \in admit THEN "wfrk" ELSE st[r]]
+                   /\ cool' = [r \in Reqs |->
+                                 IF r \in s.batch \cup promoted \cup newLocal THEN Stagger - 1
+                                 ELSE IF cool[r] > 0 THEN cool[r] - 1 ELSE 0]
                    /\ steps' = Append(steps,
                          [batch |-> s.batch \cup promoted \cup newLocal,
                           tbl |-> [r \in Reqs |-> held2[r]],
@@ -252,7 +264,7 @@ grow(r) ==
     /\ Grow
     /\ st[r] = "running" /\ r \notin want /\ Cardinality(held[r]) = 1
     /\ want' = want \cup {r}
-    /\ UNCHANGED <<st, kv, dst, held, queue, need, free, deferred, steps, rd, run, prio>>
+    /\ UNCHANGED <<st, kv, dst, held, queue, need, free, deferred, steps, rd, run, prio, cool>>
 
 (* The oldest step's workers: start_load_kv posts its READs, the forward   *)
 (* is enqueued (it writes tbl's blocks until the step's output is back).   *)
@@ -263,13 +275,13 @@ execute ==
        IN /\ steps' = [steps EXCEPT ![i].ran = TRUE]
           /\ rd' = [r \in Reqs |-> IF r \in steps[i].recv /\ st[r] = "wfrk"
                                    THEN "posted" ELSE rd[r]]
-    /\ UNCHANGED <<st, kv, dst, held, want, queue, need, free, deferred, run, prio>>
+    /\ UNCHANGED <<st, kv, dst, held, want, queue, need, free, deferred, run, prio, cool>>
 
 (* The READ lands in r's blocks.                                           *)
 read_done(r) ==
     /\ rd[r] = "posted"
     /\ rd' = [rd EXCEPT ![r] = "landed"]
-    /\ UNCHANGED <<st, kv, dst, held, want, queue, need, free, deferred, steps, run, prio>>
+    /\ UNCHANGED <<st, kv, dst, held, want, queue, need, free, deferred, steps, run, prio, cool>>
 
 (* update_from_output of the oldest step: processed_step_seq moves and the *)
 (* deferred frees it fences drain (a step with tokens only); landed READs  *)
@@ -294,7 +306,7 @@ update ==
         /\ run' = SelectSeq(run, LAMBDA x : x \notin fin)
     /\ rd' = [r \in Reqs |-> IF rd[r] = "landed" THEN "seen" ELSE rd[r]]
     /\ steps' = Tail(steps)
-    /\ UNCHANGED <<kv, queue, need, prio>>
+    /\ UNCHANGED <<kv, queue, need, prio, cool>>
 
 \* The engine steps while it has requests or steps in flight.
 Busy == (\E r \in Reqs : st[r] # "done") \/ steps # <<>>

@@ -30,11 +30,12 @@ BLOCKS = Sweep(
         Const("Stop", "stop", "bool"),
         Const("Policy", "policy", "str", ("fcfs", "priority")),
         Const("Design", "design", "str", ("defer", "at-once")),
+        Const("Stagger", "stagger", "int"),
     ),
     invariants=("NoStaleWriteUnderRead", "BlocksAccounted"),
     reach=("ReachReuseByRead", "ReachPreempt"),
     liveness=("DeferredReturn",),
-    columns=("NLocal", "NBlocks", "Batches", "Grow", "Stop", "Policy", "Design"),
+    columns=("NLocal", "NBlocks", "Batches", "Grow", "Stop", "Policy", "Design", "Stagger"),
     title="decode blocks under async scheduling (spec/DecodeBlocks.tla)",
     max_requests=3,
 )
