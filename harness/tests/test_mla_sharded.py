@@ -16,7 +16,7 @@ pytestmark = pytest.mark.vllm
 
 require_vllm_driver()
 
-from kvspec.drivers import vllm_cluster, vllm_env  # noqa: E402
+from kvspec.drivers import sharding, vllm_caches, vllm_env  # noqa: E402
 from kvspec.drivers.vllm_driver import VllmDriver  # noqa: E402
 
 
@@ -28,12 +28,12 @@ def _row(dcp: int) -> ModelRow:
 
 def test_pure_rank_layout() -> None:
     sharded, replicated = _row(2), _row(1)
-    assert vllm_cluster.fixture_model(sharded, "kv2") == "mla"
-    assert vllm_cluster.fixture_model(replicated, "kv2") == "kv2"
-    assert vllm_cluster.sharded_decode_tp(sharded) == 2
-    assert vllm_cluster.sharded_decode_tp(replicated) == 0
-    assert [vllm_cluster.transfer_rank(Topology(1, 1, 2), 2, w) for w in (0, 1)] == [0, 1]
-    assert [vllm_cluster.transfer_rank(Topology(1, 1, 2), 1, w) for w in (0, 1)] == [0, 0]
+    assert sharding.fixture_model(sharded, "kv2") == "mla"
+    assert sharding.fixture_model(replicated, "kv2") == "kv2"
+    assert sharding.sharded_decode_tp(sharded) == 2
+    assert sharding.sharded_decode_tp(replicated) == 0
+    assert [sharding.transfer_rank(Topology(1, 1, 2), 2, w) for w in (0, 1)] == [0, 1]
+    assert [sharding.transfer_rank(Topology(1, 1, 2), 1, w) for w in (0, 1)] == [0, 0]
 
 
 def test_sharded_ranks_each_serve_the_reader_of_their_own_shard() -> None:
@@ -69,7 +69,7 @@ def test_mla_caches_are_allocated_in_cpu_mla_kernel_blocks() -> None:
         kernel = int(d.c.nixl_worker(0).block_size)
         # CPU_MLA's kernel block is 16 tokens (cpu_mla.py:67-72), the fixture's block 32.
         assert kernel == 16 and cache.shape[-2] == kernel
-        assert vllm_env.logical_block(cache, 1).shape[0] == vllm_env.BLOCK_SIZE // kernel
+        assert vllm_caches.logical_block(cache, 1).shape[0] == vllm_env.BLOCK_SIZE // kernel
         # Negative control: indexing the kernel-block cache as logical blocks would read
         # the wrong bytes (block 1 is the second kernel block, half of logical block 0).
-        assert not bool((cache[1] == vllm_env.logical_block(cache, 1)[0]).all())
+        assert not bool((cache[1] == vllm_caches.logical_block(cache, 1)[0]).all())

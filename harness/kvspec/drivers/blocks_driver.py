@@ -39,10 +39,10 @@ from typing import Any
 
 from kvspec.drivers.base import MissingAction
 from kvspec.drivers.vllm_adapters import connector_output
+from kvspec.drivers.vllm_caches import kv_cache_config
 from kvspec.drivers.vllm_env import (
     BLOCK_SIZE,
     DriverUnavailable,
-    kv_cache_config,
     runner_output,
     vllm_api,
     vllm_config,

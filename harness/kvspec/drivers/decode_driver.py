@@ -64,6 +64,7 @@ from kvspec.drivers.vllm_adapters import (
     remote_rank,
     transfer_results,
 )
+from kvspec.drivers.vllm_caches import kv_cache_config
 from kvspec.drivers.vllm_cluster import DECODE_COMPOSITIONS as DECODE
 from kvspec.drivers.vllm_consumers import nixl_of
 from kvspec.drivers.vllm_driver import VllmDriver
@@ -71,7 +72,6 @@ from kvspec.drivers.vllm_env import (
     BLOCK_SIZE,
     DEFAULT_MODEL,
     DriverUnavailable,
-    kv_cache_config,
     runner_output,
     vllm_config,
 )

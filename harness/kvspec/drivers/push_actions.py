@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvspec.drivers.base import MissingAction
 from kvspec.drivers.push_side import PushSide, write_handles
-from kvspec.drivers.vllm_env import logical_block
+from kvspec.drivers.vllm_caches import logical_block
 from kvspec.drivers.vllm_inbox import Waits
 from kvspec.drivers.vllm_view import Read, VllmView, req_id
 

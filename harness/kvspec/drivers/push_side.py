@@ -195,7 +195,8 @@ def build(
     """The push half of a cluster whose decode workers (NixlPushConnector, kv_consumer)
     have already handshaken with the producer: D's side channel, every published producer
     rank's handshake with D, and the held WRITEs of every producer rank."""
-    from kvspec.drivers.vllm_env import free_port, kv_cache_config
+    from kvspec.drivers.vllm_caches import kv_cache_config
+    from kvspec.drivers.vllm_env import free_port
 
     port = free_port()
     engine_id = str(dcfg.kv_transfer_config.engine_id)

@@ -50,7 +50,9 @@ from typing import Any
 
 from kvspec.drivers import push_side
 from kvspec.drivers.push_side import PushSide
+from kvspec.drivers.sharding import fixture_model, sharded_decode_tp, transfer_rank
 from kvspec.drivers.vllm_adapters import transfer_results
+from kvspec.drivers.vllm_caches import allocate_caches, kv_cache_config
 from kvspec.drivers.vllm_consumers import (
     _check_registration,
     build_consumers,
@@ -62,12 +64,10 @@ from kvspec.drivers.vllm_env import (
     PP_UNAVAILABLE,
     DevicePlan,
     DriverUnavailable,
-    allocate_caches,
     check_device,
     device_plan,
     free_port,
     keep_affinity,
-    kv_cache_config,
     serve_handshake_metadata,
     tp_identity,
     vllm_config,
@@ -102,34 +102,6 @@ def pool_key(
         fixture_model(row, model),
         row.dcp,
     )
-
-
-def fixture_model(row: ModelRow, model: str) -> str:
-    """The fixture a row runs: PCP + DCP sharded mode needs MLA, since vLLM asserts
-    "PD with decode_context_parallel_size > 1 is only supported for MLA models"
-    (config/vllm.py:1473-1491) and compute_tp_mapping scopes DCP to MLA (tp_mapping.py)."""
-    return "mla" if row.dcp > 1 else model
-
-
-def sharded(dcp: int, topo: Topology) -> bool:
-    """nixl/base_worker.py:667-668: pcp_dcp_sharded."""
-    return topo.pcp > 1 and dcp > 1
-
-
-def sharded_decode_tp(row: ModelRow) -> int:
-    """D's TP for a sharded row (0 otherwise): TP = DCP = P's transfer ranks, DeepSeek's
-    decode deployment. D rank t's DCP slice is P's shard t (dcp_source_ranks,
-    kv_connector/utils.py:544-562: equal DCP sizes keep the remote rank r % 2 == t), one
-    READ per (request, producer rank) as KVCompletion's consumer_start_load_kv(r, w), and
-    each P rank waits for one notification (dcp_consumer_count: max(1, 2 // 2))."""
-    return row.topology.pcp if sharded(row.dcp, row.topology) else 0
-
-
-def transfer_rank(topo: Topology, dcp: int, w: int) -> int:
-    """Rank w's key among P's transfer ranks: its tp rank, plus pcp_rank * TP when sharded
-    (v1/worker/gpu_worker.py:826-835; base_worker.py:669-672 transfer_tp_rank)."""
-    c = topo.rank_coords(w)
-    return c.tp + c.pcp * topo.tp if sharded(dcp, topo) else c.tp
 
 
 _SEQ = itertools.count()

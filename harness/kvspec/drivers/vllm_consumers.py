@@ -8,13 +8,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvspec.drivers.base import WaitTimeout
-from kvspec.drivers.vllm_env import (
-    DevicePlan,
-    allocate_caches,
-    keep_affinity,
-    kv_cache_config,
-    tp_identity,
-)
+from kvspec.drivers.vllm_caches import allocate_caches, kv_cache_config
+from kvspec.drivers.vllm_env import DevicePlan, keep_affinity, tp_identity
 from kvspec.drivers.vllm_inbox import ClusterError, Waits
 
 # base_worker.py: `sock.setsockopt(zmq.RCVTIMEO, 5000)` around the handshake's metadata query.

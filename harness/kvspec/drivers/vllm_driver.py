@@ -43,8 +43,9 @@ from kvspec.drivers.base import Driver, MissingAction
 from kvspec.drivers.patches import get_patch
 from kvspec.drivers.push_actions import PushActions, TransferCorrupted
 from kvspec.drivers.vllm_adapters import add_recv, connector_output, transfer_results
+from kvspec.drivers.vllm_caches import logical_block
 from kvspec.drivers.vllm_cluster import Cluster, acquire, discard, release
-from kvspec.drivers.vllm_env import BLOCK_SIZE, DEFAULT_MODEL, logical_block, runner_output
+from kvspec.drivers.vllm_env import BLOCK_SIZE, DEFAULT_MODEL, runner_output
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
 from kvspec.drivers.vllm_view import Read, Step, req_id, spec_r
 from kvspec.matrix import ModelRow

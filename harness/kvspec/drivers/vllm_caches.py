@@ -1,0 +1,71 @@
+"""A rank's KV cache as its model runner has it: the cache spec of the fixture model (full
+attention with its share of the KV heads, or MLA's one latent vector), the caches allocated
+in the attention backend's kernel block size, and a logical block's view of them."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+from typing import Any
+
+from kvspec.drivers.vllm_env import BLOCK_SIZE, HEAD_SIZE, NUM_LAYERS, DriverUnavailable
+
+
+def kv_cache_config(api: SimpleNamespace, cfg: Any) -> Any:
+    """One rank's KV cache: its share of the model's KV heads (vLLM shards heads over TP
+    and replicates them once TP exceeds them: max(1, heads // tp), as TransferTopology's
+    local_physical_heads)."""
+    layers = [f"model.decoder.layers.{i}.self_attn.attn" for i in range(NUM_LAYERS)]
+    if cfg.model_config.use_mla:
+        spec = _mla_spec(api, cfg)
+    else:
+        tp = int(cfg.parallel_config.tensor_parallel_size)
+        heads = int(cfg.model_config.get_total_num_kv_heads())
+        if heads % tp if heads >= tp else tp % heads:
+            raise DriverUnavailable(f"tp={tp} and the fixture's {heads} KV heads do not divide")
+        spec = api.FullAttentionSpec(
+            block_size=BLOCK_SIZE,
+            num_kv_heads=max(1, heads // tp),
+            head_size=HEAD_SIZE,
+            dtype=api.torch.float32,
+        )
+    kc = api.get_kv_cache_config_from_groups(cfg, [api.KVCacheGroupSpec(layers, spec)], 1 << 30)
+    cfg.cache_config.num_gpu_blocks = kc.num_blocks
+    return kc
+
+
+def allocate_caches(api: SimpleNamespace, kc: Any, device: Any, layout: Any, nw: Any) -> Any:
+    """A rank's KV caches as its model runner allocates them: in the kernel block size its
+    NIXL worker synced to (`nw.block_size` after base_worker.py _sync_block_size_with_kernel,
+    the model runner's prepare_kernel_block_sizes: select_common_block_size). CPU_ATTN takes
+    BLOCK_SIZE; CPU_MLA's kernel is 16 (cpu_mla.py:67-72), so an MLA logical block is two
+    kernel blocks, and a cache viewed in logical blocks would misplace NIXL's descriptors."""
+    kernel = int(nw.block_size)
+    if kernel == BLOCK_SIZE:
+        return api.allocate_kv_cache(kc, device, layout)
+    return api.allocate_kv_cache(kc, device, layout, [kernel])
+
+
+def logical_block(cache: Any, b: int) -> Any:
+    """Logical block b of a cache allocated in kernel blocks (allocate_caches): its
+    BLOCK_SIZE // kernel consecutive kernel blocks."""
+    k = BLOCK_SIZE // int(cache.shape[-2])  # [B, H, N, C] views (allocate_kv_cache)
+    return cache[b] if k == 1 else cache[b * k : (b + 1) * k]
+
+
+def _mla_spec(api: SimpleNamespace, cfg: Any) -> Any:
+    """MLA's cache: one latent vector per token (kv_lora_rank + qk_rope_head_dim, the
+    model config's head size), the same on every TP rank; as the model's MLAAttention
+    layer declares it (model_executor/layers/attention/mla_attention.py get_kv_cache_spec)."""
+    if api.MLAAttentionSpec is None:
+        raise DriverUnavailable("this vLLM has no MLAAttentionSpec: MLA rows are not driven")
+    fields = {
+        "block_size": BLOCK_SIZE,
+        "num_kv_heads": 1,
+        "head_size": int(cfg.model_config.get_head_size()),
+        "dtype": api.torch.float32,
+        "cache_dtype_str": "auto",
+        "max_tp_shards": 1,  # 0.32: not split over TP (a release without it has no field)
+    }
+    names = {f.name for f in dataclasses.fields(api.MLAAttentionSpec)}
+    return api.MLAAttentionSpec(**{k: v for k, v in fields.items() if k in names})
