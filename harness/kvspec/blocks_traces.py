@@ -81,13 +81,12 @@ def _in_batch_counts(doc: dict[str, JSON]) -> tuple[dict[int, int], dict[int, in
     at_grow: dict[int, int] = {}
     for i in range(1, len(states)):
         action = str(raw[i]["#meta"]["action"])
-        name, args = step_of(states[i - 1], states[i], action) if action in (
-            "schedule", "grow") else (action, ())  # fmt: skip
-        if name == "schedule":
+        if action == "schedule":
             for r in _seq(states[i]["steps"])[-1]["batch"]:
                 total[int(r)] = total.get(int(r), 0) + 1
-        elif name == "grow":
-            at_grow[int(args[0])] = total.get(int(args[0]), 0)
+        elif action == "grow":
+            (r,) = step_of(states[i - 1], states[i], action)[1]
+            at_grow[int(r)] = total.get(int(r), 0)
     return total, at_grow
 
 
