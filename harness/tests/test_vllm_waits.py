@@ -12,7 +12,13 @@ from types import SimpleNamespace
 
 import pytest
 from kvspec.drivers.base import WaitTimeout
-from kvspec.drivers.vllm_inbox import ClusterError, NotifInbox, Waits, wait_until
+from kvspec.drivers.vllm_inbox import (
+    ClusterError,
+    NotifInbox,
+    SentToProducer,
+    Waits,
+    wait_until,
+)
 from kvspec.matrix import ModelRow
 from kvspec.model import Action
 from kvspec.replay import (
@@ -98,6 +104,10 @@ def test_a_late_notification_is_a_timeout_then_a_longer_wait_conforms(
     trace = _spec_trace(rw, *PREFILL, *PREFILL, "heartbeat(1)")  # one wait: HB's arrival
     with VllmDriver(rw):
         pass  # the pool holds the built cluster: no handshake runs under the fake clock
+    # Nor does the pool's reset: it waits for the timed-out attempt's heartbeat to land
+    # (SentToProducer) on the real clock, so the cluster goes back to the pool.
+    landed = SentToProducer.wait_landed
+    monkeypatch.setattr(SentToProducer, "wait_landed", lambda s, ib, _w: landed(s, ib, Waits()))
     results: list[ReplayResult] = []
 
     def once(scale: float) -> ReplayResult:

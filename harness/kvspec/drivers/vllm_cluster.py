@@ -44,7 +44,7 @@ import contextlib
 import itertools
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -72,7 +72,7 @@ from kvspec.drivers.vllm_env import (
     tp_identity,
     vllm_config,
 )
-from kvspec.drivers.vllm_inbox import NotifInbox, Waits
+from kvspec.drivers.vllm_inbox import NotifInbox, SentToProducer, Waits
 from kvspec.matrix import ModelRow, Topology
 from kvspec.model import HF3FS
 
@@ -131,6 +131,7 @@ class Cluster:
     decode_composition: str = "nixl"
     dcp: int = 1  # the producer's decode_context_parallel_size (> 1 with PCP: sharded)
     model: str = DEFAULT_MODEL  # the fixture both engines run (vllm_env.MODELS)
+    to_producer: SentToProducer = field(default_factory=SentToProducer)
 
     def consumer_nixl(self, t: int) -> Any:
         """Decode worker t's NIXL connector (a MultiConnector's first child)."""
@@ -204,6 +205,7 @@ class Cluster:
             drain = getattr(self.consumer_nixl(t), "get_block_ids_with_load_errors", None)
             if drain is not None:
                 drain()
+        self.to_producer.wait_landed(self.inboxes, waits)
         for ib in self.inboxes:
             ib.reset()
 
@@ -320,6 +322,8 @@ def build_cluster(
         dcp=row.dcp,
         model=model,
     )
+    for t in range(dtp):
+        cluster.to_producer.watch(cluster.consumer_nixl(t).connector_worker.nixl_wrapper)
     try:
         for t in range(dtp):
             cw = cluster.consumer_nixl(t).connector_worker

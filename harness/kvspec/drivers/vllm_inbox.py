@@ -78,6 +78,7 @@ class NotifInbox:
         self._poll_agent = wrapper.get_new_notifs  # the real bound method
         self.arrived: list[tuple[str, bytes]] = []
         self.delivered: list[tuple[str, bytes]] = []
+        self.received = 0  # every message ever polled from the agent (SentToProducer)
         self.lock = threading.RLock()
         wrapper.get_new_notifs = self.get_new_notifs
 
@@ -85,6 +86,7 @@ class NotifInbox:
         with self.lock:
             for agent, msgs in self._poll_agent().items():
                 self.arrived.extend((agent, m) for m in msgs)
+                self.received += len(msgs)
 
     def get_new_notifs(self, backends: list[str] | None = None) -> dict[str, list[bytes]]:
         with self.lock:
@@ -142,10 +144,9 @@ class NotifInbox:
         return got[0]
 
     def reset(self) -> None:
-        """Forget every notification. One that a previous trace's READ sends after this
-        lands in `arrived` and stays invisible (only `delivered` is the spec's `notif`):
-        it carries the same agent and message as the one a later trace would wait for,
-        so matching it instead changes nothing the spec observes."""
+        """Forget every notification. The cluster first waits for those still in flight
+        (SentToProducer): one that landed after this would stand, in the next trace, for
+        a notification that trace's D has not sent."""
         with self.lock:
             self.poll()
             self.arrived.clear()
@@ -154,3 +155,63 @@ class NotifInbox:
     def restore(self) -> None:
         with contextlib.suppress(AttributeError):
             del self.wrapper.get_new_notifs
+
+
+class SentToProducer:
+    """What the decode agents have sent the producer's agents, counted as NIXL accepts it:
+    each `send_notif` (notify-only messages, heartbeats, push registrations) and each
+    posted transfer that carries a notification (a READ's "r:n", pull_worker.py:546-556).
+    A pooled cluster's reset waits until the producer's inboxes have received as many, so
+    no message of one trace lands in the next (a CI run saw a notify-only "req-1:1" of an
+    earlier trace arrive after the reset).
+
+    The counting sits in a subclass of the agent's own class, not on the instance: the
+    driver's seams and the mutants patch and then delete instance attributes, which
+    would remove an instance-level counter with them."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self._lock = threading.Lock()
+
+    def watch(self, wrapper: Any) -> None:
+        ledger, base = self, type(wrapper)
+
+        class Counted(base):  # type: ignore[valid-type,misc]
+            _kvspec_notif_handles: set[Any]
+
+            def send_notif(self, remote_agent_name: str, *a: Any, **k: Any) -> Any:
+                out = super().send_notif(remote_agent_name, *a, **k)
+                ledger.count(1)
+                return out
+
+            def make_prepped_xfer(self, *a: Any, **k: Any) -> Any:
+                handle = super().make_prepped_xfer(*a, **k)
+                if k.get("notif_msg", a[5] if len(a) > 5 else b""):
+                    self._kvspec_notif_handles.add(handle)
+                return handle
+
+            def transfer(self, handle: Any, notif_msg: bytes = b"") -> Any:
+                state = super().transfer(handle, notif_msg)
+                carries = handle in self._kvspec_notif_handles or bool(notif_msg)
+                self._kvspec_notif_handles.discard(handle)
+                if carries and state != "ERR":
+                    ledger.count(1)
+                return state
+
+        Counted.__name__ = f"Counted{base.__name__}"
+        wrapper._kvspec_notif_handles = set()
+        wrapper.__class__ = Counted
+
+    def count(self, n: int) -> None:
+        with self._lock:
+            self.sent += n
+
+    def wait_landed(self, inboxes: list[NotifInbox], waits: Waits) -> None:
+        """Until the inboxes have received every message counted (WaitTimeout if not)."""
+
+        def landed() -> bool:
+            for ib in inboxes:
+                ib.poll()
+            return sum(ib.received for ib in inboxes) >= self.sent
+
+        waits.until(landed, f"the {self.sent} notifications sent to the producer to land")
