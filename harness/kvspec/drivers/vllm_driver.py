@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import pickle
 import time
 import traceback
 from collections import deque
@@ -240,6 +241,13 @@ class VllmDriver(PushActions, Driver):
             )
         self.steps.append(st)
 
+    def _rank_copy(self, meta: Any) -> Any:
+        """The metadata as rank w's worker gets it: with one rank the in-process executor
+        hands over the scheduler's object; with more, each worker process unpickles its
+        own copy (MultiprocExecutor.collective_rpc -> shm_broadcast MessageQueue.enqueue
+        pickles), so no rank sees what another rank's connector changed in it."""
+        return meta if self.W == 1 else pickle.loads(pickle.dumps(meta, pickle.HIGHEST_PROTOCOL))
+
     def _run_rank(self, w: int, st: Step) -> Any:
         api = self.c.api
         conn = self.c.workers[w]
@@ -248,11 +256,12 @@ class VllmDriver(PushActions, Driver):
         # stores of blocks this step reuses), then kv_connector_model_runner_mixin: bind ->
         # start_load_kv -> forward -> wait_for_save -> get_transfer_results ->
         # build_connector_worker_meta -> clear.
-        conn.handle_preemptions(so.kv_connector_metadata)
+        meta = self._rank_copy(so.kv_connector_metadata)
+        conn.handle_preemptions(meta)
         if self._offload() and ov.clobbers(self._offload_child(w), st.new_blocks):
             # The forward (replaced here) would write a block a store still reads.
             self.clobbered = True
-        conn.bind_connector_metadata(so.kv_connector_metadata)
+        conn.bind_connector_metadata(meta)
         try:
             conn.start_load_kv(None)
             # (model forward replaced: nothing writes the KV caches here)
