@@ -190,9 +190,15 @@ def conform_row(
     res = LeaseConformance(row.name, len(_edges(g)), len(docs))
     step = max(1, -(-len(docs) // MAX_TRACES))
     for doc in docs[::step]:
-        with make_driver(row, _plan(doc, row)) as driver:
+        name = f"{row.name}/{doc['#meta']['trace']}"
+        try:
+            plan = _plan(doc, row)
+        except DriverUnavailable as exc:  # this trace cannot be steered; the others can
+            res.not_driven.append(f"{name}: {exc}")
+            continue
+        with make_driver(row, plan) as driver:
             got = replay_blocks(doc, driver)
-        res.record(f"{row.name}/{doc['#meta']['trace']}", got.divergence)
+        res.record(name, got.divergence)
     return res
 
 

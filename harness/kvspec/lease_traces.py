@@ -125,6 +125,7 @@ class LeaseConformance:
         return (
             f"{self.edges} edges, {self.traces} traces{sample}: {self.conforming} conform, "
             f"{len(self.divergences)} diverge, {len(self.inconclusive)} inconclusive"
+            + (f", {len(self.not_driven)} not driven" if self.not_driven else "")
         )
 
     def to_json(self) -> dict[str, JSON]:

@@ -120,3 +120,36 @@ def test_three_batches_follow_the_v2_runner_s_decode_stagger(tmp_path: Path) -> 
 
     bad = conform_row(BLOCKS, row, tmp_path / "m", unstaggered)
     assert bad.divergences and "batches" in bad.divergences[0], bad.divergences[:1]
+
+
+@needs_java
+def test_a_trace_no_prompt_length_can_steer_is_not_driven_and_the_others_still_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """prompt_plan refuses a trace longer than a block (DriverUnavailable): that trace
+    gets no verdict and says why; the row's other traces are still replayed (a fake
+    replay here: what is asserted is the bookkeeping, not vLLM)."""
+    import kvspec.blocks_traces as bt
+    from kvspec.drivers.vllm_env import DriverUnavailable
+
+    real_plan, seen = bt._plan, []
+
+    def plan(doc: Any, row: Any) -> Any:
+        if not seen:
+            seen.append(doc)
+            raise DriverUnavailable("request 1: no prompt length puts its block boundary")
+        return real_plan(doc, row)
+
+    class Fake:
+        def __enter__(self) -> Fake:
+            return self
+
+        def __exit__(self, *a: object) -> None:
+            pass
+
+    monkeypatch.setattr(bt, "_plan", plan)
+    monkeypatch.setattr(bt, "replay_blocks", lambda doc, d: bt.BlocksReplay(1, None))
+    res = conform_row(BLOCKS, ROWS["async-defer-preempt"], tmp_path, lambda row, p: Fake())
+    assert len(res.not_driven) == 1 and "no prompt length" in res.not_driven[0]
+    assert res.conforming == res.traces - 1 > 0
+    assert res.summary().endswith(", 1 not driven")
