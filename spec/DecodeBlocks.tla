@@ -112,6 +112,14 @@ BlocksAccounted ==
           Cardinality({r \in Reqs : b \in held[r]}) +
           (IF b \in free THEN 1 ELSE 0) + Cardinality({e \in deferred : e[2] = b}) = 1
 
+\* The priority policy's order: (priority, arrival) ascending, arrival = request id
+\* (request.py: Request.__lt__; local requests arrived first).
+Before(x, y) == prio[x] < prio[y] \/ (prio[x] = prio[y] /\ x < y)
+RECURSIVE Sorted(_)
+Sorted(S) == IF S = {} THEN <<>>
+             ELSE LET m == CHOOSE x \in S : \A y \in S : y = x \/ Before(x, y)
+                  IN <<m>> \o Sorted(S \ {m})
+
 Init ==
     /\ st = [r \in Reqs |-> IF r \in Local THEN "running" ELSE "waiting"]
     /\ kv = [r \in Reqs |-> IF r \in Local THEN "local" ELSE "remote"]
@@ -128,9 +136,11 @@ Init ==
     /\ deferred = {}
     /\ steps = <<>>
     /\ rd = [r \in Reqs |-> "none"]
-    /\ run = [j \in 1 .. NLocal |-> j]
     \* FCFS ignores priorities: one assignment keeps its state space.
     /\ prio \in IF Policy = "fcfs" THEN {[r \in Reqs |-> 1]} ELSE [Reqs -> 1 .. Cardinality(Reqs)]
+    \* The local requests run in the order the waiting loop admitted them (S:1345,
+    \* running.append): FCFS, arrival; priority, the heap's (priority, arrival).
+    /\ run = Sorted(Local)
     /\ cool = [r \in Reqs |-> 0]
 
 ASSUME Cardinality(Local) <= NBlocks
@@ -155,13 +165,6 @@ Sum(S) == LET f[T \in SUBSET Reqs] == IF T = {} THEN 0
                                       ELSE LET x == CHOOSE y \in T : TRUE
                                            IN need[x] + f[T \ {x}]
           IN f[S]
-\* The priority policy's order: (priority, arrival) ascending, arrival = request id
-\* (request.py: Request.__lt__; local requests arrived first).
-Before(x, y) == prio[x] < prio[y] \/ (prio[x] = prio[y] /\ x < y)
-RECURSIVE Sorted(_)
-Sorted(S) == IF S = {} THEN <<>>
-             ELSE LET m == CHOOSE x \in S : \A y \in S : y = x \/ Before(x, y)
-                  IN <<m>> \o Sorted(S \ {m})
 \* The waiting requests in the order the waiting loop pops them: the queue (fcfs: a
 \* deque, preempted ones prepended) or the heap (priority: add_request, S:1613).
 Order == IF Policy = "fcfs" THEN queue ELSE Sorted(Range(queue))

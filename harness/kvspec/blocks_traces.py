@@ -33,9 +33,6 @@ DEFAULT_PROMPT = 8  # tokens: a request that never grows stays well inside its b
 def why_not_driven(row: SweepRow) -> str | None:
     """Why the installed vLLM (0.32: deferred frees) cannot be driven as this row."""
     c = row.consts
-    if c["Policy"] == "priority":
-        return ("TLC starts it from every priority assignment (27 initial states); the "
-                "edge-path tracer starts from one")  # fmt: skip
     if int(c["Batches"]) > 2 and int(c["Stagger"]) != 2:
         return "three batches without the decode stagger (XPU without PP microbatching)"
     if c["Design"] == "at-once" and int(c["Batches"]) > 1:

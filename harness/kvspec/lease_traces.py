@@ -57,14 +57,31 @@ def lease_graph(sweep: Sweep, row: SweepRow, work: Path, timeout_s: float = 600)
 EdgePath = list[tuple[int, str, int]]
 
 
+INIT = "init"  # the edge from the virtual root to an initial state (several of them)
+
+
 def edge_paths(g: StateGraph) -> list[EdgePath]:
-    """Paths from the initial state that together cover every edge of `g` (BFS order)."""
-    if len(g.initial) != 1:
-        raise DotError(f"{len(g.initial)} initial states in the graph, expected 1")
+    """Paths from an initial state that together cover every edge of `g` (BFS order).
+    With several initial states (e.g. every priority assignment) the cover starts from a
+    virtual root with an INIT edge to each, so every initial state is some path's first;
+    such a path begins with that edge (edge_traces drops it)."""
+    if not g.initial:
+        raise DotError("no initial state in the graph")
     out: dict[int, list[tuple[str, int]]] = {}
     for src, action, dst in _edges(g):
         out.setdefault(src, []).append((action, dst))
-    return cover_edges(next(iter(g.initial)), out, max_len=MAX_LEN, hop=HOP)
+    if len(g.initial) == 1:
+        return cover_edges(next(iter(g.initial)), out, max_len=MAX_LEN, hop=HOP)
+    root = min(g.states) - 1  # no state's fingerprint
+    out[root] = [(INIT, i) for i in sorted(g.initial)]
+    return cover_edges(root, out, max_len=MAX_LEN + 1, hop=HOP)
+
+
+def _start(g: StateGraph, path: EdgePath) -> tuple[int, EdgePath]:
+    """(the path's initial state, its action edges)."""
+    if path and path[0][1] == INIT and path[0][0] not in g.states:
+        return path[0][2], path[1:]
+    return next(iter(g.initial)), path
 
 
 def edge_traces(
@@ -76,11 +93,11 @@ def edge_traces(
     """ITF documents (TLC counterexample form: each state's #meta names the action that
     led to it) whose paths cover every edge of `g`; only the paths `pick` takes (by their
     index) are written out, so a sample of a big graph costs only the sample."""
-    init = next(iter(g.initial))
     docs: list[dict[str, JSON]] = []
-    for n, path in enumerate(edge_paths(g) if paths is None else paths):
+    for n, full in enumerate(edge_paths(g) if paths is None else paths):
         if not pick(n):
             continue
+        init, path = _start(g, full)
         states: list[JSON] = [_state(g, init, 0, "init")]
         states += [_state(g, dst, i, action) for i, (_, action, dst) in enumerate(path, 1)]
         meta: dict[str, JSON] = {"row": row.name, "trace": n, "source": "kvspec lease --conform"}
