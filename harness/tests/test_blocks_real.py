@@ -30,7 +30,8 @@ def test_which_rows_are_driven() -> None:
     assert "not the installed" in str(why_not_driven(ROWS["async-at-once-stop"]))
     assert why_not_driven(ROWS["async-defer-preempt"]) is None  # Grow, steered
     assert why_not_driven(ROWS["v2pp2-defer-preempt"]) is None  # V2 runner, PP 2
-    assert "priority assignment" in str(why_not_driven(ROWS["v2pp2-defer-preempt-priority"]))
+    assert why_not_driven(ROWS["v2pp2-defer-preempt-priority"]) is None  # every init state
+    assert "stagger" in str(why_not_driven(ROWS["xpu-v2pp2-defer-preempt-priority-no-microbatch"]))
 
 
 def _driver(pre_fix: bool) -> Any:
@@ -88,6 +89,27 @@ def test_45357s_race_happens_only_with_the_bug_reintroduced() -> None:
     assert shipped.divergence is not None and "nfree: spec 1, vLLM 0" in shipped.divergence
     buggy = replay_regression(KEPT, ROWS, _driver(True))
     assert buggy.divergence is None
+
+
+HEAP = REGRESSIONS / "v2pp2-defer-preempt-priority-heap-order.itf.json"
+
+
+@pytest.mark.vllm
+def test_under_priority_the_running_order_is_the_heap_s_and_its_victim_is_vllm_s() -> None:
+    """The kept priority trace (request 1 of lower priority): vLLM admits request 2 first,
+    so request 2 preempts request 1 and takes its block, as the spec now starts (`run`
+    sorted by priority, arrival). Negative control: the same steps with every request at
+    one priority (the spec's old id-order start, as an FCFS-ordered admission gives)
+    diverge at the preempting schedule."""
+    from kvspec.drivers.blocks_driver import BlocksDriver
+
+    assert replay_regression(HEAP, ROWS, _driver(False)).divergence is None
+
+    def flat(row: Any, plan: Any) -> Any:
+        return BlocksDriver(row, prompts=plan.prompts, priorities={r: 1 for r in plan.priorities})
+
+    bad = replay_regression(HEAP, ROWS, flat).divergence
+    assert bad is not None and bad.startswith("step 3"), bad
 
 
 @pytest.mark.vllm

@@ -87,3 +87,25 @@ def test_a_sample_conforms_and_a_heartbeat_mutant_diverges(graph: StateGraph) ->
     if res.timeout is not None:
         pytest.skip(f"inconclusive: {res.timeout}")
     assert res.divergence is not None
+
+
+def test_several_initial_states_each_start_a_trace_and_every_edge_is_covered() -> None:
+    """Two initial states (as a priority row's assignments): the cover starts from a
+    virtual root, so each initial state begins some trace, the root never appears, and
+    every edge of either part is covered; states carry only the graph's variables."""
+    g = StateGraph(
+        states={1: {"x": 0}, 2: {"x": 10}, 3: {"x": 1}, 4: {"x": 11}},
+        edges=[(1, "a", 3), (2, "a", 4), (4, "b", 2)],
+        initial={1, 2},
+    )
+    row = _row("wait80s-hb-ok")
+    docs = edge_traces(g, row)
+    starts = {doc["states"][0]["x"] for doc in docs}
+    assert starts == {0, 10}
+    seen = set()
+    for doc in docs:
+        xs = [s["x"] for s in doc["states"]]
+        acts = [s["#meta"]["action"] for s in doc["states"]]
+        assert acts[0] == "init" and "init" not in acts[1:]
+        seen |= {(x, a, y) for x, a, y in zip(xs, acts[1:], xs[1:], strict=False)}
+    assert seen == {(0, "a", 1), (10, "a", 11), (11, "b", 10)}
