@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kvspec.record.log import DIR_ENV, Event, read_dir
 from kvspec.scenario_proc import EngineProc, EngineTimeout
@@ -56,6 +57,10 @@ class Scenario:
     default: bool = True
     # designs the recording must be admitted by (empty: validation not applicable)
     admits: tuple[str, ...] = VARIANTS
+    # The producer's KV pool in blocks, the null block included (0: what memory gives):
+    # KV pressure. Each request then goes to D as soon as P has prefilled it (P streams),
+    # as a proxy does: P frees a request's blocks only when D has read them.
+    kv_blocks: int = 0
 
 
 SCENARIOS = {
@@ -77,6 +82,9 @@ SCENARIOS = {
                  # busy-steps holding the blocks (every attempt; README), so P's lease ends
                  # and D READs freed blocks (conformance/recorded/d-stall-lease-expiry)
                  default=False),
+        Scenario("pd-kv-pressure", "P -> D, 2 requests, P's pool holds one (3 blocks, 2 "
+                 "per request): the second waits at P until D's READ frees the first",
+                 kv_blocks=4, lease=120),
         Scenario("lease-expiry", "P only, nobody reads: blocks freed when the 6 s lease expires",
                  requests=1, consumer=False, lease=6),
         # GPU runners (vLLM refuses offloading and PCP on CPU). Not run here yet: no GPU
@@ -169,6 +177,8 @@ def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
         args += ["--pcp", str(sc.pcp)]
     if eid == "D" and sc.queued:
         args += ["--max-seqs", "1"]
+    if eid == "P" and sc.kv_blocks:
+        args += ["--num-blocks", str(sc.kv_blocks)]
 
     return EngineProc(args, env, logs / f"{eid}.log", grace_s)
 
@@ -191,9 +201,13 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
         for e in engines:
             e.ask(None, start_s)  # the "ready" line
         ps = prompts(sc.requests)
-        pre = engines[0].ask({"cmd": "generate", "prompts": ps, "max_tokens": 1,
-                              "remote_decode": True, "tag": "p", "abort": list(sc.abort)},
-                             step_s)  # fmt: skip
+        ask_p = {"cmd": "generate", "prompts": ps, "max_tokens": 1, "remote_decode": True,
+                 "tag": "p", "abort": list(sc.abort)}  # fmt: skip
+        handed: list[dict[str, Any]] = []
+        if sc.kv_blocks and sc.consumer:
+            pre, handed = _hand_on(engines[0], engines[1], ask_p, ps, sc.max_tokens, step_s)
+        else:
+            pre = engines[0].ask(ask_p, step_s)
         # an aborted request has no kv_transfer_params: the consumer gets the others
         kept = [n for n, o in enumerate(pre["outputs"]) if o.get("params")]
         ps = [ps[n] for n in kept]
@@ -201,10 +215,14 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
         if sc.consumer:
             d = engines[1]
             fill = [[5 + i] * 8 for i in range(sc.queued)]
-            got = d.ask({"cmd": "generate", "prompts": fill + ps, "params": [None] * len(fill)
-                         + params, "max_tokens": [sc.filler_tokens] * len(fill)
-                         + [sc.max_tokens] * len(ps), "tag": "d"}, step_s)  # fmt: skip
-            got["outputs"] = got["outputs"][len(fill):]
+            if handed:
+                got: dict[str, Any] = {"outputs": handed}
+            else:
+                got = d.ask({"cmd": "generate", "prompts": fill + ps, "params": [None]
+                             * len(fill) + params, "max_tokens": [sc.filler_tokens]
+                             * len(fill) + [sc.max_tokens] * len(ps), "tag": "d"},
+                            step_s)  # fmt: skip
+                got["outputs"] = got["outputs"][len(fill):]
             ref = d.ask({"cmd": "generate", "prompts": ps, "max_tokens": sc.max_tokens,
                          "tag": "local"}, step_s)  # fmt: skip
             same = [o["tokens"] for o in got["outputs"]] == [o["tokens"] for o in ref["outputs"]]
@@ -227,6 +245,25 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
         for e in engines:
             e.close()
     return _done(_judge(sc, rec, out, res), t0)
+
+
+def _hand_on(p: EngineProc, d: EngineProc, ask_p: dict[str, Any], ps: list[list[int]],
+             max_tokens: int, step_s: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """P streams each request as it finishes its prefill; each goes to D at once (D
+    decodes it, its READ lets P free the blocks the next request waits for). Returns P's
+    final answer and D's outputs in prompt order. Without this, P's generate would wait
+    for a free that only D's READ, after generate, can bring: until the lease."""
+    line = p.ask({**ask_p, "stream": True}, step_s)
+    handed: dict[int, dict[str, Any]] = {}
+    while "stream" in line:
+        n = int(line["stream"])
+        params = line["output"]["params"]
+        if params:  # an aborted request has none: nothing to hand on
+            got = d.ask({"cmd": "generate", "prompts": [ps[n]], "params": [params],
+                         "max_tokens": max_tokens, "tag": f"d{n}_"}, step_s)  # fmt: skip
+            handed[n] = got["outputs"][0]
+        line = p.ask(None, step_s)
+    return line, [handed[n] for n in sorted(handed)]
 
 
 def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioResult:

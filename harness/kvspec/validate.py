@@ -67,15 +67,17 @@ def composition(start: dict[str, object]) -> str:
 
 
 def row_for(m: Mapped, variant: str) -> ModelRow:
-    """The model row of the recorded deployment: its topology, its requests, one request
-    per KV slot (the recorded pool was never the bottleneck: see spec/README.md)."""
+    """The model row of the recorded deployment: its topology, its requests, and as many
+    KV slots as the recorded pool holds requests (mapping.kv_capacity), at least one and
+    at most one per request (where the recording does not say: one per request)."""
     s = m.start
     n = max(1, len(m.requests))
+    cap = n if m.capacity is None else max(1, min(n, m.capacity))
     topo = Topology(int(str(s.get("tp", m.world))), int(str(s.get("pp", 1))),
                     int(str(s.get("pcp", 1))))  # fmt: skip
     return ModelRow(
         name=f"recorded-{variant}", variant=variant, composition=composition(s),
-        topology=topo, requests=n, capacity=n,
+        topology=topo, requests=n, capacity=cap,
         async_scheduling=bool(s.get("async_scheduling", False)),
     )  # fmt: skip
 

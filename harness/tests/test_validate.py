@@ -126,7 +126,9 @@ def test_compacting_a_committed_recording_again_changes_nothing() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["pd-basic", "pd-tp2", "pd-abort", "lease-expiry", "queued-heartbeats-shm-recheck"]
+    "name",
+    ["pd-basic", "pd-tp2", "pd-abort", "lease-expiry", "queued-heartbeats-shm-recheck",
+     "pd-kv-pressure"],
 )
 def test_the_recorded_real_round_trips_are_admitted(name: str, tmp_path: Path) -> None:
     d = _recorded(name)
@@ -144,3 +146,42 @@ def test_the_recorded_read_after_lease_expiry_is_rejected_at_the_read(tmp_path: 
     events = read_dir(d)
     got = _verdicts(events, tmp_path, ("fixed",))
     assert got["fixed"] == ("rejected", _index_of(events, lambda e: e.a == "read"))
+
+
+def _sched(call: str, seq: int, **result: object) -> object:
+    from kvspec.record.log import Event
+
+    return Event("P", "kv_producer", "scheduler", 0, 1, 1, seq, seq, call, reqs=("a",),
+                 result=dict(result))  # fmt: skip
+
+
+def test_capacity_is_the_recorded_pool_over_the_blocks_a_request_holds() -> None:
+    from kvspec.record.mapping import kv_capacity
+
+    ev = [_sched("add_request", 1, free=3), _sched("request_finished", 2, blocks=2),
+          _sched("request_finished", 3, blocks=1)]  # fmt: skip
+    assert kv_capacity(ev) == 1  # type: ignore[arg-type]
+    big = [_sched("add_request", 1, free=4000), _sched("request_finished", 2, blocks=2)]
+    assert kv_capacity(big) == 2000  # type: ignore[arg-type]
+    # recordings made before `blocks` was recorded: unknown (one slot per request)
+    assert kv_capacity([_sched("add_request", 1, free=3), _sched("request_finished", 2)]) is None  # type: ignore[list-item]
+
+
+def test_under_kv_pressure_the_run_is_explained_only_with_the_recorded_capacity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pd-kv-pressure: P's pool holds one request, so request 2 waits at P until D's READ
+    frees request 1. Mapped Capacity (3 free blocks // 2 per request = 1) explains it.
+    Negative control: one slot per request (the mapping before blocks were recorded) has
+    P schedule both at once, and the schedule of request 1 alone is not explained."""
+    import kvspec.record.mapping as mapping
+
+    events = read_dir(_recorded("pd-kv-pressure"))
+    m = map_recording(events)
+    assert m.capacity == 1 and len(m.requests) == 2
+    got = _verdicts(events, tmp_path / "cap", ("v0.30-shipped",))
+    assert got["v0.30-shipped"][0] == "admitted"
+    monkeypatch.setattr(mapping, "kv_capacity", lambda _ev: None)
+    verdict, explained = _verdicts(events, tmp_path / "n", ("v0.30-shipped",))["v0.30-shipped"]
+    first_schedule = next(n for n, e in enumerate(m.log) if e.a == "schedule" and e.batch)
+    assert (verdict, explained) == ("rejected", first_schedule)

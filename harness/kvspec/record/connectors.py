@@ -291,18 +291,22 @@ class _Recording:
 
     def request_finished(self, request: Any, block_ids: Any) -> Any:
         out = super().request_finished(request, block_ids)  # type: ignore[misc]
-        self._record_finished(request, out)
+        self._record_finished(request, out, [block_ids])
         return out
 
     def request_finished_all_groups(self, request: Any, block_ids: Any) -> Any:
         out = super().request_finished_all_groups(request, block_ids)  # type: ignore[misc]
-        self._record_finished(request, out)
+        self._record_finished(request, out, block_ids)
         return out
 
-    def _record_finished(self, request: Any, out: Any) -> None:
+    def _record_finished(self, request: Any, out: Any, groups: Any) -> None:
         status = getattr(getattr(request, "status", None), "name", "?")
+        try:  # the blocks it holds at its end, every KV cache group's (one pool)
+            blocks = sum(len(g) for g in groups or ())
+        except TypeError:
+            blocks = -1
         self._kvspec_rec.emit("request_finished", reqs=[request.request_id],
-                              delay=bool(out[0]), status=status)  # fmt: skip
+                              delay=bool(out[0]), status=status, blocks=blocks)  # fmt: skip
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
         out = super().get_transfer_results(finished_req_ids)  # type: ignore[misc]

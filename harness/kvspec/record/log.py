@@ -26,7 +26,8 @@ from a producer, `do_remote_prefill`; `result.free`), `schedule` (`result.new`: 
 scheduled ids),
 `update_from_output` (`result.finished_sending`, `finished_recving`, `failed_recving`:
 the aggregated connector output, empty when the step had none), `finish_requests`
-(`result.status`), `request_finished` (`result.delay`, `result.status`), `free_blocks`
+(`result.status`), `request_finished` (`result.delay`, `result.status`, `result.blocks`:
+the KV blocks it holds then, every group's), `free_blocks`
 (`result.free`: free blocks after it); worker side `get_transfer_results` (the rank's
 finished_sending / finished_recving / failed_recving), `read` (a NIXL READ posted:
 `result.remote_request_id`, `result.remote_rank`), `heartbeat_send` (a decode worker's

@@ -60,6 +60,22 @@ class Mapped:
     start: dict[str, Any]  # the producer scheduler's "start" event result
     log: list[SpecEvent]
     dropped_steps: set[int] = field(default_factory=set)  # idle producer steps, 1-based
+    # KVCompletion's Capacity as the recorded pool gives it (kv_capacity); None: unknown
+    capacity: int | None = None
+
+
+def kv_capacity(p_sched: list[Event]) -> int | None:
+    """How many requests the producer's recorded pool holds at once: its free blocks at
+    the first add_request (the whole pool, null block excluded) over the most blocks one
+    request held at its end (`request_finished` `blocks`). None where either is not
+    recorded. Exact for requests of one size with no shared prefix blocks (the recorder's
+    scenarios: distinct prompts, prefix caching off); with shared blocks the real pool
+    holds more requests than this, and a run that used that is not explained."""
+    pool = next((e.result.get("free") for e in p_sched if e.call == "add_request"), None)
+    held = [int(e.result.get("blocks", -1)) for e in p_sched if e.call == "request_finished"]
+    if not isinstance(pool, int) or not held or min(held) <= 0:
+        return None
+    return pool // max(held)
 
 
 def _engines(events: list[Event]) -> tuple[str, list[str]]:
@@ -159,7 +175,8 @@ def map_recording(events: list[Event], *, drop: bool = True) -> Mapped:
                     if rid in d_to_p:
                         log.append(SpecEvent("recv", r=r_of(d_to_p[rid]), source=e))
     kept, dropped = drop_idle_steps(log) if drop else (log, set())
-    return Mapped(producer, consumers, reqs, world, dict(start), kept, dropped)
+    return Mapped(producer, consumers, reqs, world, dict(start), kept, dropped,
+                  kv_capacity(p_sched))
 
 
 # A producer waiting for READs busy-loops empty steps (scheduler.has_requests counts
