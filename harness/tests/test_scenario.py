@@ -98,3 +98,37 @@ def test_a_clock_check_tlc_could_not_decide_makes_the_scenario_inconclusive(
     rec = Path(__file__).resolve().parents[2] / "conformance" / "recorded" / "pd-basic"
     res = _judge(SCENARIOS["pd-basic"], rec, tmp_path, ScenarioResult("pd-basic", "", 0.0))
     assert res.verdict == "inconclusive", res.checks
+
+
+# A producer that streams its two requests (the second without params: aborted), then
+# answers; a consumer that answers each generate with the prompt it was handed.
+STREAMS = [sys.executable, "-c", (
+    "import json,sys\n"
+    "cmd = json.loads(input()); assert cmd['stream']\n"
+    "print(json.dumps({'stream': 1, 'output': {'tokens': [9], 'params': {'r': 1}}}), flush=True)\n"
+    "print(json.dumps({'stream': 0, 'output': {'tokens': [9], 'params': None}}), flush=True)\n"
+    "print(json.dumps({'outputs': ['final']}), flush=True)\n"
+    "input()\n"
+)]  # fmt: skip
+ECHOES = [sys.executable, "-c", (
+    "import json\n"
+    "while True:\n"
+    "    cmd = json.loads(input())\n"
+    "    print(json.dumps({'outputs': [{'tokens': cmd['prompts'][0], 'params': cmd['params']}]}),"
+    " flush=True)\n"
+)]  # fmt: skip
+
+
+def test_under_kv_pressure_each_request_goes_to_d_as_p_streams_it(tmp_path: Path) -> None:
+    from kvspec.scenario import _hand_on
+
+    p = EngineProc(STREAMS, {}, tmp_path / "p.log", grace_s=0.1)
+    d = EngineProc(ECHOES, {}, tmp_path / "d.log", grace_s=0.1)
+    try:
+        final, handed = _hand_on(p, d, {"cmd": "generate"}, [[10], [11]], 4, 60)
+    finally:
+        p.close()
+        d.close()
+    assert final == {"outputs": ["final"]}
+    # request 1 (streamed first) handed on with its params; request 0 (no params) not
+    assert handed == [{"tokens": [11], "params": [{"r": 1}]}]
