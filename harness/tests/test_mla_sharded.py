@@ -70,6 +70,16 @@ def test_mla_caches_are_allocated_in_cpu_mla_kernel_blocks() -> None:
         # CPU_MLA's kernel block is 16 tokens (cpu_mla.py:67-72), the fixture's block 32.
         assert kernel == 16 and cache.shape[-2] == kernel
         assert vllm_caches.logical_block(cache, 1).shape[0] == vllm_env.BLOCK_SIZE // kernel
-        # Negative control: indexing the kernel-block cache as logical blocks would read
-        # the wrong bytes (block 1 is the second kernel block, half of logical block 0).
-        assert not bool((cache[1] == vllm_caches.logical_block(cache, 1)[0]).all())
+        # Negative control, on a known fill (kernel block i holds i; the pooled cluster's
+        # bytes are put back after): logical block 1 is kernel blocks 2 and 3, while
+        # indexing the cache as logical blocks would read kernel block 1, half of logical
+        # block 0.
+        saved = cache.clone()
+        try:
+            for i in range(cache.shape[0]):
+                cache[i].fill_(i)
+            logical = vllm_caches.logical_block(cache, 1)
+            assert [float(x.unique()) for x in logical] == [2.0, 3.0]
+            assert float(cache[1].unique()) == 1.0  # the wrong block: logical 0's half
+        finally:
+            cache.copy_(saved)
