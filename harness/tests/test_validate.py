@@ -160,6 +160,8 @@ def test_capacity_is_the_recorded_pool_over_the_blocks_a_request_holds() -> None
 
     ev = [_sched("add_request", 1, free=3), _sched("request_finished", 2, blocks=2),
           _sched("request_finished", 3, blocks=1)]  # fmt: skip
+    assert kv_capacity(ev) is None  # type: ignore[arg-type]  # sizes differ: no bound
+    ev[2] = _sched("request_finished", 3, blocks=2)  # type: ignore[call-overload]
     assert kv_capacity(ev) == 1  # type: ignore[arg-type]
     big = [_sched("add_request", 1, free=4000), _sched("request_finished", 2, blocks=2)]
     assert kv_capacity(big) == 2000  # type: ignore[arg-type]
@@ -185,3 +187,18 @@ def test_under_kv_pressure_the_run_is_explained_only_with_the_recorded_capacity(
     verdict, explained = _verdicts(events, tmp_path / "n", ("v0.30-shipped",))["v0.30-shipped"]
     first_schedule = next(n for n, e in enumerate(m.log) if e.a == "schedule" and e.batch)
     assert (verdict, explained) == ("rejected", first_schedule)
+
+
+def test_a_capacity_the_log_refutes_is_dropped() -> None:
+    """Shared prefix blocks let a real pool hold more requests than free // blocks: a log
+    with more requests held at once than that keeps one slot per request."""
+    from kvspec.record.mapping import SpecEvent, most_holding
+
+    log = [
+        SpecEvent("schedule", batch=frozenset({1, 2})),
+        SpecEvent("update", freed=frozenset({1})),
+        SpecEvent("schedule", batch=frozenset({3})),
+        SpecEvent("update", freed=frozenset({2, 3})),
+    ]
+    assert most_holding(log) == 2
+    assert most_holding(map_recording(read_dir(_recorded("pd-kv-pressure"))).log) == 1

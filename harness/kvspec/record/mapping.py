@@ -66,16 +66,31 @@ class Mapped:
 
 def kv_capacity(p_sched: list[Event]) -> int | None:
     """How many requests the producer's recorded pool holds at once: its free blocks at
-    the first add_request (the whole pool, null block excluded) over the most blocks one
-    request held at its end (`request_finished` `blocks`). None where either is not
-    recorded. Exact for requests of one size with no shared prefix blocks (the recorder's
-    scenarios: distinct prompts, prefix caching off); with shared blocks the real pool
-    holds more requests than this, and a run that used that is not explained."""
+    the first add_request (the whole pool, null block excluded) over the blocks each
+    request held at its end (`request_finished` `blocks`). None (one slot per request)
+    where either is not recorded, or where requests held different numbers of blocks: a
+    bound in requests is then not one the real pool keeps. Exact for requests of one size
+    with no shared prefix blocks (the recorder's scenarios: distinct prompts, prefix
+    caching off); `map_recording` drops it where the log refutes it (shared blocks)."""
     pool = next((e.result.get("free") for e in p_sched if e.call == "add_request"), None)
-    held = [int(e.result.get("blocks", -1)) for e in p_sched if e.call == "request_finished"]
-    if not isinstance(pool, int) or not held or min(held) <= 0:
+    held = {int(e.result.get("blocks", -1)) for e in p_sched if e.call == "request_finished"}
+    if not isinstance(pool, int) or len(held) != 1 or min(held) <= 0:
         return None
-    return pool // max(held)
+    return pool // min(held)
+
+
+def most_holding(log: list[SpecEvent]) -> int:
+    """The most requests the producer held blocks for at once in the log (scheduled,
+    not yet freed): a Capacity below it is refuted by the run itself."""
+    holding: set[int] = set()
+    most = 0
+    for e in log:
+        if e.a == "schedule":
+            holding |= e.batch
+        elif e.a == "update":
+            holding -= e.freed
+        most = max(most, len(holding))
+    return most
 
 
 def _engines(events: list[Event]) -> tuple[str, list[str]]:
@@ -175,8 +190,10 @@ def map_recording(events: list[Event], *, drop: bool = True) -> Mapped:
                     if rid in d_to_p:
                         log.append(SpecEvent("recv", r=r_of(d_to_p[rid]), source=e))
     kept, dropped = drop_idle_steps(log) if drop else (log, set())
-    return Mapped(producer, consumers, reqs, world, dict(start), kept, dropped,
-                  kv_capacity(p_sched))
+    cap = kv_capacity(p_sched)
+    if cap is not None and most_holding(log) > cap:  # e.g. requests shared prefix blocks
+        cap = None
+    return Mapped(producer, consumers, reqs, world, dict(start), kept, dropped, cap)
 
 
 # A producer waiting for READs busy-loops empty steps (scheduler.has_requests counts
