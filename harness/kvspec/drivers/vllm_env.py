@@ -313,6 +313,12 @@ def vllm_config(
         device_config=api.DeviceConfig(device),
     )
     cfg.cache_config.kv_cache_layout = "LBHNC"
+    # The CPU platform forces an MLA model's block to CPU_MLA's 16 tokens at construction
+    # (platforms/cpu.py, "CPU MLA backend requires block_size=16"); the driver lays requests
+    # out in BLOCK_SIZE-token blocks, so its MLA logical block is two kernel blocks (NIXL's
+    # kernel-split path, as in 0.32 where the worker takes the spec's size). 0.29's worker
+    # reads this field instead, so every release needs it set back.
+    cfg.cache_config.block_size = BLOCK_SIZE
     # Topology the connectors read from the config; ranks are set per worker (tp_identity,
     # pcp_rank by hand), as vLLM would derive them from its process groups.
     pc = cfg.parallel_config
