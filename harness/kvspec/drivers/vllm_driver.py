@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import pickle
 import time
 import traceback
 from collections import deque
@@ -43,7 +42,12 @@ from kvspec.drivers import offload_view as ov
 from kvspec.drivers.base import Driver, MissingAction
 from kvspec.drivers.patches import get_patch
 from kvspec.drivers.push_actions import PushActions, TransferCorrupted
-from kvspec.drivers.vllm_adapters import add_recv, connector_output, transfer_results
+from kvspec.drivers.vllm_adapters import (
+    add_recv,
+    connector_output,
+    transfer_results,
+    worker_copy,
+)
 from kvspec.drivers.vllm_caches import logical_block
 from kvspec.drivers.vllm_cluster import Cluster, acquire, discard, release
 from kvspec.drivers.vllm_env import BLOCK_SIZE, DEFAULT_MODEL, runner_output
@@ -246,7 +250,7 @@ class VllmDriver(PushActions, Driver):
         hands over the scheduler's object; with more, each worker process unpickles its
         own copy (MultiprocExecutor.collective_rpc -> shm_broadcast MessageQueue.enqueue
         pickles), so no rank sees what another rank's connector changed in it."""
-        return meta if self.W == 1 else pickle.loads(pickle.dumps(meta, pickle.HIGHEST_PROTOCOL))
+        return meta if self.W == 1 else worker_copy(meta)
 
     def _run_rank(self, w: int, st: Step) -> Any:
         api = self.c.api
