@@ -30,6 +30,12 @@ def graph(tmp_path_factory: pytest.TempPathFactory) -> StateGraph:
     return lease_graph(CLOCK, _row(), tmp_path_factory.mktemp("clock"))
 
 
+@pytest.fixture(scope="module")
+def docs(graph: StateGraph) -> list[dict[str, Any]]:
+    """The row's edge-covering traces, computed once (about 15 s) for the module."""
+    return edge_traces(graph, _row())
+
+
 def _extends_during_read(doc: dict[str, Any]) -> bool:
     """A waiting heartbeat raises an installed lease's TTL (at P's step, which reads it)
     while a READ is posted."""
@@ -60,8 +66,7 @@ def _reaped_at_install(doc: dict[str, Any]) -> bool:
     return False
 
 
-def test_traces_cover_every_edge(graph: StateGraph) -> None:
-    docs = edge_traces(graph, _row())
+def test_traces_cover_every_edge(graph: StateGraph, docs: list[dict[str, Any]]) -> None:
     assert len(docs) > 100 and len(_edges(graph)) > 1000
     assert any(_extends_during_read(d) for d in docs)  # heartbeats go on under a READ
 
@@ -72,14 +77,15 @@ def test_traces_cover_every_edge(graph: StateGraph) -> None:
     # the second mutant's replay (27 s) runs in make test-full
     ["heartbeat-not-extending", pytest.param("heartbeat-full-lease", marks=pytest.mark.slow)],
 )
-def test_a_sample_conforms_and_heartbeat_mutants_diverge(graph: StateGraph, mutant: str) -> None:
+def test_a_sample_conforms_and_heartbeat_mutants_diverge(
+    graph: StateGraph, docs: list[dict[str, Any]], mutant: str
+) -> None:
     pytest.importorskip("nixl")
     from kvspec.drivers.clock_driver import ClockDriver
     from kvspec.mutations import Base, patched
     from kvspec.mutations.catalogue import MUTANTS
 
     row = _row()
-    docs = edge_traces(graph, row)
     if mutant == "heartbeat-not-extending":  # the sample once, with the first control
         got = replay_docs(row, len(_edges(graph)), docs[:SAMPLE])
         if got.inconclusive:  # a wait expired twice (a loaded machine): no verdict

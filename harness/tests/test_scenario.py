@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from kvspec.scenario import SCENARIOS, frees_of, run_scenario, wait_until
@@ -81,23 +82,31 @@ def test_a_recorded_round_trip_is_judged_on_both_sides(tmp_path: Path) -> None:
 def test_a_clock_check_tlc_could_not_decide_makes_the_scenario_inconclusive(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A TLC run that timed out is no verdict: the scenario is inconclusive, not failed;
-    with the clock check decided the same recording passes (the control above)."""
+    """A TLC run that timed out is no verdict: the scenario is inconclusive, not failed.
+    The validations are stand-ins (the control above runs the real ones on the same
+    recording): both sides admit, the clock's one design is inconclusive.
+    Negative control: the same clock check decided safe makes the scenario pass."""
+    import kvspec.scenario as scenario
     import kvspec.validate_clock as vc
+    import kvspec.validate_decode as vd
     from kvspec.scenario import ScenarioResult, _judge
-    from kvspec.validate import DesignVerdict
+    from kvspec.validate import VARIANTS, DesignVerdict
 
-    real = vc.validate_clock
-
-    def undecided(*a: object, **k: object) -> vc.ClockValidation:
-        v = real(*a, **k)  # type: ignore[arg-type]
-        v.designs = [vc.ClockVerdict(DesignVerdict("v0.30-shipped", "inconclusive"))]
-        return v
-
-    monkeypatch.setattr(vc, "validate_clock", undecided)
+    mapped = SimpleNamespace(heartbeats=0, log=[])
+    monkeypatch.setattr(scenario, "validate", lambda *a, **k: SimpleNamespace(
+        admitted=list(VARIANTS)))  # fmt: skip
+    monkeypatch.setattr(vd, "validate_decode", lambda *a, **k: SimpleNamespace(
+        admitted=["none"], designs=[], mapped=mapped))  # fmt: skip
     rec = Path(__file__).resolve().parents[2] / "conformance" / "recorded" / "pd-basic"
-    res = _judge(SCENARIOS["pd-basic"], rec, tmp_path, ScenarioResult("pd-basic", "", 0.0))
-    assert res.verdict == "inconclusive", res.checks
+    verdicts = {}
+    for said, safe in (("inconclusive", "inconclusive"), ("admitted", "safe")):
+        design = vc.ClockVerdict(DesignVerdict("v0.30-shipped", said), safe)
+        monkeypatch.setattr(vc, "validate_clock", lambda *a, d=design, **k: SimpleNamespace(
+            designs=[d], mapped=mapped))  # fmt: skip
+        res = _judge(SCENARIOS["pd-basic"], rec, tmp_path / said,
+                     ScenarioResult("pd-basic", "", 0.0))  # fmt: skip
+        verdicts[said] = res.verdict
+    assert verdicts == {"inconclusive": "inconclusive", "admitted": "pass"}
 
 
 # A producer that streams its two requests (the second without params: aborted), then
