@@ -151,6 +151,13 @@ Init ==
 \* engine has other requests that keep it stepping; here it has none.
 Arrived(r) == TRUE
 Busy == FALSE
+\* DCap: how many requests D's KV pool holds at once, each needing its blocks from its
+\* admission (S:1256-1273) until it is freed; here every request fits. DecodeTrace's cfg
+\* sets it from a recorded pool (DCap <- TraceCap). Below Cardinality(Reqs) it is for trace
+\* validation only: under async scheduling a free may trail its finish by a step
+\* (DecodeBlocks.tla's deferred frees), so fewer may be admitted than fit, and the
+\* liveness properties are not meant to hold there.
+DCap == Cardinality(Reqs)
 
 Live == ~crashed /\ (Busy \/ \E r \in Reqs : st[r] # "gone")
 
@@ -169,8 +176,14 @@ Live == ~crashed /\ (Busy \/ \E r \in Reqs : st[r] # "gone")
 schedule ==
     /\ Live \/ (~crashed /\ cleanup # {})
     /\ Len(steps) < Depth
-    /\ \E full \in SUBSET {r \in Reqs : FullHit /\ st[r] = "new" /\ Arrived(r)} :
-        LET news == {r \in Reqs : st[r] = "new" /\ Arrived(r)}
+    /\ LET waiting == {r \in Reqs : st[r] = "new" /\ Arrived(r)}
+           room == DCap - Cardinality({r \in Reqs : st[r] \in {"wfrk", "running", "fin"}})
+           \* FCFS: in arrival order up to the first that does not fit (S:1274-1281)
+           admit(k) == {r \in waiting : Cardinality({q \in waiting : q < r}) < k}
+           ks == IF DCap >= Cardinality(Reqs) \/ ~AsyncScheduling \/ room <= 0 THEN {room}
+                 ELSE 0 .. room
+       IN \E k \in ks : \E full \in SUBSET {r \in admit(k) : FullHit} :
+        LET news == admit(k)
             parks == IF Bug = "full-hit-registered" THEN news ELSE news \ full
         IN /\ st' = [r \in Reqs |->
                        IF r \in fRecv /\ st[r] = "wfrk" THEN "running"

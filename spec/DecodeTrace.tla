@@ -23,15 +23,16 @@
 (***************************************************************************)
 EXTENDS Decode
 
-CONSTANT Log
+CONSTANT Log, TraceCap  \* TraceCap: D's pool in requests (kvspec: the recording's)
 
 VARIABLES logIdx, arrived
 
 tvars == <<vars, logIdx, arrived>>
 
-\* Override Decode's hooks (the cfg says Arrived <- TraceArrived, Busy <- TraceBusy): a
-\* request schedules once recorded as added; D's steps are the recorded ones (a real D may
-\* step for requests that are not P/D ones), so nothing stops the engine.
+\* Override Decode's hooks (the cfg says Arrived <- TraceArrived, Busy <- TraceBusy,
+\* DCap <- TraceCap): a request schedules once recorded as added; D's steps are the
+\* recorded ones (a real D may step for requests that are not P/D ones), so nothing stops
+\* the engine; D admits as many as the recorded pool holds.
 TraceArrived(r) == r \in arrived
 TraceBusy == TRUE
 

@@ -61,6 +61,10 @@ class Scenario:
     # KV pressure. Each request then goes to D as soon as P has prefilled it (P streams),
     # as a proxy does: P frees a request's blocks only when D has read them.
     kv_blocks: int = 0
+    # The decode engine's pool likewise (0: what memory gives): the remote requests arrive
+    # at D together and the second waits in D's queue, not yet allocated, until the first
+    # finishes and frees its blocks; P holds its blocks, heartbeated, meanwhile.
+    d_kv_blocks: int = 0
 
 
 SCENARIOS = {
@@ -85,6 +89,9 @@ SCENARIOS = {
         Scenario("pd-kv-pressure", "P -> D, 2 requests, P's pool holds one (3 blocks, 2 "
                  "per request): the second waits at P until D's READ frees the first",
                  kv_blocks=4, lease=120),
+        Scenario("pd-decode-kv-pressure", "P -> D, 2 requests, D's pool holds one (3 "
+                 "blocks, 2 per request): the second waits in D's queue until the first "
+                 "has decoded and freed its blocks", d_kv_blocks=4, lease=120),
         Scenario("lease-expiry", "P only, nobody reads: blocks freed when the 6 s lease expires",
                  requests=1, consumer=False, lease=6),
         # GPU runners (vLLM refuses offloading and PCP on CPU). Not run here yet: no GPU
@@ -177,8 +184,9 @@ def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
         args += ["--pcp", str(sc.pcp)]
     if eid == "D" and sc.queued:
         args += ["--max-seqs", "1"]
-    if eid == "P" and sc.kv_blocks:
-        args += ["--num-blocks", str(sc.kv_blocks)]
+    blocks = sc.kv_blocks if eid == "P" else sc.d_kv_blocks
+    if blocks:
+        args += ["--num-blocks", str(blocks)]
 
     return EngineProc(args, env, logs / f"{eid}.log", grace_s)
 

@@ -54,6 +54,8 @@ def constants(m: DecodeMapped, bug: str) -> dict[str, str]:
         # a real handshake may fail (its entries are then reported failed with no READ):
         # what vLLM can do is admitted
         "HandshakeFail": "TRUE",
+        # D's pool in requests (decode_mapping.d_capacity); unknown: every request fits
+        "TraceCap": str(m.capacity or max(1, len(m.requests))),
     }  # fmt: skip
 
 
@@ -84,6 +86,7 @@ def trace_module(m: DecodeMapped) -> str:
 def trace_cfg(consts: dict[str, str]) -> str:
     lines = ["CONSTANTS"] + [f"  {k} = {v}" for k, v in consts.items()]
     lines += ["  Log <- TheLog", "  Arrived <- TraceArrived", "  Busy <- TraceBusy",
+              "  DCap <- TraceCap",
               "INIT TraceInit", "NEXT TraceNext", "INVARIANT TraceUnfinished"]  # fmt: skip
     return "\n".join(lines) + "\n"
 

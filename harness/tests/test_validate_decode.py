@@ -99,3 +99,59 @@ def test_the_cli_validates_both_sides(tmp_path: Path, capsys: pytest.CaptureFixt
     doc = json.loads(out.read_text())
     assert rc == 0 and doc["admitted"] == ["fixed"] and "none" in doc["decode"]["admitted"]
     assert "decode engine D" in capsys.readouterr().out
+
+
+def test_under_decode_kv_pressure_d_admits_what_its_recorded_pool_holds(tmp_path: Path) -> None:
+    """pd-decode-kv-pressure: D's pool holds one request (3 free blocks // 2 per request),
+    so D READs request 2 only after request 1 has decoded and been freed. Decode.tla with
+    that DCap explains the run. Negative control: with every request fitting (DCap
+    unknown, the mapping before pools were read) the spec admits both at once, and the
+    first step that READs request 1 alone is not explained."""
+    events = _events("pd-decode-kv-pressure")
+    m = map_decode(events)
+    assert m.capacity == 1 and len(m.requests) == 2
+    assert _verdict(events, tmp_path / "cap") == ("admitted", len(m.log))
+    first_read = _at(events, lambda e: e.a == "execute" and any(e.reads))
+    got = check_bug(dataclasses.replace(m, capacity=None), "none", tmp_path / "n")
+    assert (got.verdict, got.explained) == ("rejected", first_read)
+
+
+def test_a_decode_engine_that_admits_late_with_room_in_its_pool_is_rejected(
+    tmp_path: Path,
+) -> None:
+    """With synchronous steps D admits as soon as its pool has room (S:1274-1281): the
+    run doctored so that request 2's READ is posted one step after the free of request 1
+    made room (a stalled admission) is rejected at the step that should have posted it."""
+    m = map_decode(_events("pd-decode-kv-pressure"))
+    done = next(n for n, e in enumerate(m.log) if e.a == "complete" and e.r == 1)
+    exe = [n for n, e in enumerate(m.log) if e.a == "execute" and n > done]
+    first, second = m.log[exe[0]], m.log[exe[1]]
+    assert first.reads == (frozenset({(2, 0)}),) and second.reads == (frozenset(),)
+    log = list(m.log)
+    log[exe[0]], log[exe[1]] = (dataclasses.replace(first, reads=second.reads),
+                                dataclasses.replace(second, reads=first.reads))  # fmt: skip
+    got = check_bug(dataclasses.replace(m, log=log), "none", tmp_path)
+    assert (got.verdict, got.explained) == ("rejected", exe[0])
+
+
+def _d(call: str, seq: int, req: str, **result: object) -> Event:
+    return Event("D", "kv_consumer", "scheduler", 0, 1, 1, seq, seq, call, reqs=(req,),
+                 result=dict(result))  # fmt: skip
+
+
+def test_d_capacity_is_dropped_where_local_requests_share_the_pool_or_the_log_refutes_it(
+) -> None:
+    from kvspec.record.decode_mapping import DecodeEvent, d_capacity
+
+    reqs = {"a": 1, "b": 2}
+    sched = [_d("add_request", 1, "a", free=3, remote_prefill=True),
+             _d("add_request", 2, "b", remote_prefill=True),
+             _d("request_finished", 3, "a", blocks=2, status="FINISHED_LENGTH_CAPPED"),
+             _d("request_finished", 4, "b", blocks=2, status="FINISHED_LENGTH_CAPPED")]
+    assert d_capacity(sched, reqs, []) == 1
+    # a local request (not a spec request) arrived before the last P/D one ended
+    local = [*sched[:3], _d("add_request", 5, "loc", remote_prefill=False), sched[3]]
+    assert d_capacity(local, reqs, []) is None
+    # the log shows both P/D requests held at once: a pool of one refuted (shared blocks)
+    both = [DecodeEvent("execute", reads=(frozenset({(1, 0), (2, 0)}),))]
+    assert d_capacity(sched, reqs, both) is None

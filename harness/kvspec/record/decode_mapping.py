@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvspec.record.log import Event
-from kvspec.record.mapping import MappingError, drop_idle_steps
+from kvspec.record.mapping import MappingError, drop_idle_steps, kv_capacity
 
 STOPPED = ("FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED")
 
@@ -63,6 +63,8 @@ class DecodeMapped:
     start: dict[str, Any]  # D's scheduler "start" event result
     log: list[DecodeEvent]
     dropped_steps: set[int] = field(default_factory=set)
+    # D's pool in requests as recorded (d_capacity); None: unknown, every request fits
+    capacity: int | None = None
 
 
 def _consumer(events: list[Event], engine: str | None) -> str:
@@ -163,7 +165,42 @@ def map_decode(events: list[Event], engine: str | None = None) -> DecodeMapped:
             log += [DecodeEvent("abort", r=reqs[x], source=e) for x in e.reqs
                     if x in reqs and reqs[x] in arrived]  # fmt: skip
     kept, dropped = _drop_idle(log)
-    return DecodeMapped(d, world, _producer_world(events, d), reqs, dict(start), kept, dropped)
+    return DecodeMapped(d, world, _producer_world(events, d), reqs, dict(start), kept, dropped,
+                        d_capacity(sched, reqs, log))  # fmt: skip
+
+
+def d_capacity(sched: list[Event], reqs: dict[str, int], log: list[DecodeEvent]) -> int | None:
+    """Decode.tla's DCap as D's recorded pool gives it: kvspec.record.mapping.kv_capacity
+    (free blocks at the first add_request // the blocks each request held at its end).
+    None where that is unknown or not a bound in P/D requests: a local request (not a spec
+    request) arrived before the last P/D one finished and shared the pool, or the log holds
+    more P/D requests at once than the bound (shared prefix blocks)."""
+    cap = kv_capacity(sched)
+    ends = [n for n, e in enumerate(sched) if e.call == "request_finished"
+            and any(x in reqs for x in e.reqs)]  # fmt: skip
+    local = [n for n, e in enumerate(sched) if e.call == "add_request"
+             and e.reqs and e.reqs[0] not in reqs]  # fmt: skip
+    if cap is None or (ends and local and min(local) < max(ends)):
+        return None
+    return cap if most_holding(log) <= cap else None
+
+
+def most_holding(log: list[DecodeEvent]) -> int:
+    """The most P/D requests the log shows D holding blocks for at once: from the first
+    READ it posts for r, or r's first run, to r's completion or abort. A lower bound of
+    what D held (a request holds its blocks from its admission, which the log does not
+    show): a DCap below it is refuted by the run."""
+    holding: set[int] = set()
+    most = 0
+    for e in log:
+        if e.a == "execute":
+            holding |= {r for rank in e.reads for r, _p in rank}
+        elif e.a == "schedule":
+            holding |= e.batch
+        elif e.a in ("complete", "abort"):
+            holding.discard(e.r)
+        most = max(most, len(holding))
+    return most
 
 
 def _drop_idle(log: list[DecodeEvent]) -> tuple[list[DecodeEvent], set[int]]:
