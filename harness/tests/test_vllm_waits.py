@@ -15,7 +15,6 @@ from kvspec.drivers.base import WaitTimeout
 from kvspec.drivers.vllm_inbox import (
     ClusterError,
     NotifInbox,
-    SentToProducer,
     Waits,
     wait_until,
 )
@@ -104,10 +103,9 @@ def test_a_late_notification_is_a_timeout_then_a_longer_wait_conforms(
     trace = _spec_trace(rw, *PREFILL, *PREFILL, "heartbeat(1)")  # one wait: HB's arrival
     with VllmDriver(rw):
         pass  # the pool holds the built cluster: no handshake runs under the fake clock
-    # Nor does the pool's reset: it waits for the timed-out attempt's heartbeat to land
-    # (SentToProducer) on the real clock, so the cluster goes back to the pool.
-    landed = SentToProducer.wait_landed
-    monkeypatch.setattr(SentToProducer, "wait_landed", lambda s, ib, _w: landed(s, ib, Waits()))
+    # Nor does the pool's reset (its own bound, vllm_cluster.POOL_WAITS, on the real
+    # clock): it waits for the timed-out attempt's heartbeat to land, and the cluster goes
+    # back to the pool.
     results: list[ReplayResult] = []
 
     def once(scale: float) -> ReplayResult:

@@ -417,6 +417,10 @@ _POOL: dict[PoolKey, list[Cluster]] = {}
 _LIVE: list[Cluster] = []
 _IDLE_ORDER: list[Cluster] = []  # idle clusters, least recently released first
 POOL_IDLE_MAX = 1
+# The pool's own bound for a reset (the previous trace's READs and notifications to land),
+# on the real clock: housekeeping between traces, not a wait of any trace, so a trace's
+# Waits (an injected clock, a scaled retry) never decide it. Healthy resets end in ms.
+POOL_WAITS = Waits()
 
 
 def acquire(
@@ -431,7 +435,7 @@ def acquire(
         if c in _IDLE_ORDER:
             _IDLE_ORDER.remove(c)
         try:
-            c.reset(waits)
+            c.reset(POOL_WAITS)
         except Exception:  # a READ still in flight (WaitTimeout): the cluster is suspect
             discard(c)
             raise
@@ -441,11 +445,11 @@ def acquire(
     return c
 
 
-def release(cluster: Cluster, waits: Waits) -> None:
+def release(cluster: Cluster) -> None:
     if cluster.closed:
         return
     try:
-        cluster.reset(waits)
+        cluster.reset(POOL_WAITS)
     except Exception:
         discard(cluster)
         raise

@@ -155,7 +155,7 @@ class VllmDriver(PushActions, Driver):
                 if getattr(self, "sched", None) is not None:
                     self.sched.shutdown()
             try:
-                release(cl, self.waits)
+                release(cl)
             except Exception:
                 discard(cl)
 
