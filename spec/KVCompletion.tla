@@ -28,7 +28,8 @@ EXTENDS Naturals, FiniteSets, Sequences
 
 CONSTANTS
     Variant,          \* "v0.29" | "v0.30-shipped" | "fixed" | "naive-replicas"
-    Composition,      \* "nixl" | "multi-nixl-offload-upstream" | "multi-nixl-hf3fs"
+    Composition,      \* "nixl" | "multi-nixl-offload-upstream" | "multi-nixl-hf3fs" |
+                      \* "multi-nixl-example" (recordings only: no matrix row, no driver)
     TP, PP, PCP,      \* topology of the producer engine
     NReq,             \* number of requests
     Capacity,         \* KV block capacity, in requests
@@ -40,7 +41,8 @@ CONSTANTS
     Timing            \* "guarded" | "untimed": see the header and spec/README.md
 
 Variants == {"v0.29", "v0.30-shipped", "fixed", "naive-replicas"}
-Compositions == {"nixl", "multi-nixl-offload-upstream", "multi-nixl-hf3fs"}
+Compositions == {"nixl", "multi-nixl-offload-upstream", "multi-nixl-hf3fs",
+                 "multi-nixl-example"}
 
 ASSUME /\ Variant \in Variants
        /\ Composition \in Compositions
@@ -107,6 +109,11 @@ Multi == Composition # "nixl"
 (* OffloadingConnector never delays (offloading/scheduler.py                 *)
 (* request_finished returns (False, None)).                                 *)
 Delaying == Composition = "multi-nixl-hf3fs"
+(* ExampleConnector (v1/example_connector.py) as the second child: the base *)
+(* request_finished (False, None: never delays, base.py:616-640), the base  *)
+(* get_finished (None, None: reports nothing, base.py:383-399) and no       *)
+(* get_finished_count (None, base.py:716-725), so MultiConnector's count is *)
+(* None (multi_connector.py:395-407): Multi, neither Delaying nor Offload.  *)
 (* The upstream OffloadingConnector (distributed/kv_transfer/kv_connector/  *)
 (* v1/offloading/): never delays the free, but every store job counts acks *)
 (* from all world_size workers (scheduler.py:335, 1818; worker.py:54 "non- *)

@@ -48,10 +48,21 @@ class DesignVerdict:
         }  # fmt: skip
 
 
+# The NIXL pull connector's class names: a MultiConnector child is the factory's class,
+# NixlPullConnector in 0.32 (nixl/connector.py), NixlConnector before it.
+NIXL_NAMES = ("NixlConnector", "NixlPullConnector")
+
+
+def children_of(start: dict[str, object]) -> list[str]:
+    """The recorded MultiConnector's children in its order, NIXL's named NixlConnector."""
+    kids = [str(c) for c in start.get("children", []) or []]  # type: ignore[attr-defined]
+    return ["NixlConnector" if c in NIXL_NAMES else c for c in kids]
+
+
 def composition(start: dict[str, object]) -> str:
     """KVCompletion's Composition for the recorded connector (MappingError otherwise)."""
     conn = str(start.get("connector", "NixlConnector"))
-    children = [str(c) for c in start.get("children", []) or []]  # type: ignore[attr-defined]
+    children = children_of(start)
     if conn == "NixlConnector":
         return "nixl"
     if conn == "MultiConnector" and children[:1] == ["NixlConnector"]:
@@ -60,9 +71,12 @@ def composition(start: dict[str, object]) -> str:
             return "multi-nixl-hf3fs"
         if rest == ["OffloadingConnector"]:
             return "multi-nixl-offload-upstream"
+        if rest == ["ExampleConnector"]:
+            return "multi-nixl-example"
     raise MappingError(
         f"connector {conn}{children or ''} has no KVCompletion composition; the spec knows "
-        "NixlConnector and MultiConnector(NixlConnector, HF3FSKVConnector|OffloadingConnector)"
+        "NixlConnector and MultiConnector(NixlConnector, HF3FSKVConnector|OffloadingConnector"
+        "|ExampleConnector)"
     )
 
 

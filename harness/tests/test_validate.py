@@ -128,7 +128,7 @@ def test_compacting_a_committed_recording_again_changes_nothing() -> None:
 @pytest.mark.parametrize(
     "name",
     ["pd-basic", "pd-tp2", "pd-abort", "lease-expiry", "queued-heartbeats-shm-recheck",
-     "pd-kv-pressure"],
+     "pd-kv-pressure", "pd-multi"],
 )
 def test_the_recorded_real_round_trips_are_admitted(name: str, tmp_path: Path) -> None:
     d = _recorded(name)
@@ -202,3 +202,17 @@ def test_a_capacity_the_log_refutes_is_dropped() -> None:
     ]
     assert most_holding(log) == 2
     assert most_holding(map_recording(read_dir(_recorded("pd-kv-pressure"))).log) == 1
+
+
+def test_a_multiconnector_is_mapped_by_its_children_in_their_order() -> None:
+    """The recorded order of MultiConnector's children is the config's (the first child
+    that loads a request wins), NIXL under its 0.32 class name. Negative control: the
+    children as the recorder once wrote them (sorted) name no composition."""
+    from kvspec.record.mapping import MappingError
+    from kvspec.validate import composition
+
+    start = next(e.result for e in read_dir(_recorded("pd-multi")) if e.call == "start")
+    assert start["children"] == ["NixlPullConnector", "ExampleConnector"]
+    assert composition(start) == "multi-nixl-example"
+    with pytest.raises(MappingError, match="no KVCompletion composition"):
+        composition({**start, "children": sorted(start["children"])})

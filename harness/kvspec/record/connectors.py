@@ -90,7 +90,8 @@ def _after_schedule(sched: Any, rec: Recorder, so: Any, *a: Any, **k: Any) -> No
     n = sched.__dict__["_kvspec_n"] = sched.__dict__.get("_kvspec_n", 0) + 1
     steps[id(so)] = n
     new = [r.req_id for r in so.scheduled_new_reqs]
-    rec.emit("schedule", step=n, reqs=new, new=new, finished_req_ids=_ids(so.finished_req_ids))
+    rec.emit("schedule", step=n, reqs=new, new=_ids(new),
+             finished_req_ids=_ids(so.finished_req_ids))  # fmt: skip
 
 
 def _after_update(sched: Any, rec: Recorder, out: Any, so: Any, mro: Any, *a: Any,
@@ -289,14 +290,27 @@ class _Recording:
             except Exception as exc:  # noqa: BLE001 - never raise into vLLM
                 self._kvspec_rec.emit("recorder_note", note=f"heartbeats not recorded: {exc!r}")
 
+    # MultiConnector.request_finished_all_groups calls self.request_finished when a child
+    # lacks HMA (multi_connector.py:595-607): one finish, recorded once, at the outer call.
+    _kvspec_finishing = False
+
     def request_finished(self, request: Any, block_ids: Any) -> Any:
-        out = super().request_finished(request, block_ids)  # type: ignore[misc]
-        self._record_finished(request, out, [block_ids])
-        return out
+        return self._finish(lambda: super(_Recording, self).request_finished(  # type: ignore[misc]
+            request, block_ids), request, [block_ids])  # fmt: skip
 
     def request_finished_all_groups(self, request: Any, block_ids: Any) -> Any:
-        out = super().request_finished_all_groups(request, block_ids)  # type: ignore[misc]
-        self._record_finished(request, out, block_ids)
+        return self._finish(lambda: super(_Recording, self).request_finished_all_groups(  # type: ignore[misc]
+            request, block_ids), request, block_ids)  # fmt: skip
+
+    def _finish(self, call: Any, request: Any, groups: Any) -> Any:
+        nested = self._kvspec_finishing
+        self._kvspec_finishing = True
+        try:
+            out = call()
+        finally:
+            self._kvspec_finishing = nested
+        if not nested:
+            self._record_finished(request, out, groups)
         return out
 
     def _record_finished(self, request: Any, out: Any, groups: Any) -> None:

@@ -36,8 +36,9 @@ finished_sending / finished_recving / failed_recving), `read` (a NIXL READ poste
 went out / raised; neither: swallowed by the proactive handshake) and `heartbeat_recv` (a
 producer worker's `_handle_heartbeat`, stamped at entry: `reqs` the payload,
 `result.held`: the ids it held a lease for, the ones it extends). The scheduler's `start`
-event describes the deployment (`result.connector`, `children`, `tp`, `pp`, `pcp`,
-`async_scheduling`, `vllm`, `lease`: kv_lease_duration in s).
+event describes the deployment (`result.connector`, `children`: MultiConnector's children
+in their order, `tp`, `pp`, `pcp`, `async_scheduling`, `vllm`, `lease`: kv_lease_duration
+in s). Sets of ids are written sorted; lists keep their order.
 """
 
 from __future__ import annotations
@@ -116,7 +117,10 @@ class Recorder:
                 "pid": os.getpid(), "seq": self._seq,
                 "t_ns": time.monotonic_ns() if t_ns is None else t_ns,
                 "call": call, "step": step, "reqs": _sorted(reqs),
-                "result": {k: _sorted(v) if isinstance(v, (set, frozenset, list, tuple)) else v
+                # sets sorted (a deterministic file); lists keep their order (MultiConnector's
+                # children: the first that loads a request wins)
+                "result": {k: _sorted(v) if isinstance(v, (set, frozenset)) else
+                           list(v) if isinstance(v, tuple) else v
                            for k, v in result.items()},
             }  # fmt: skip
             self._file().write(json.dumps(rec, sort_keys=True) + "\n")

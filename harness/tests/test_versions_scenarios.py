@@ -1,0 +1,43 @@
+"""`kvspec versions --scenario`: a release's real-engine scenarios are run in its venv and
+read back from `kvspec scenario --json`; a run that outlives its bound is inconclusive,
+one that wrote no JSON says why. Fake interpreters stand in for the release's python
+(no vLLM, no engines); the timeout is decided by a fake that blocks, not by a race."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+from kvspec.versions import scenarios
+
+
+def _fake_python(tmp: Path, body: str) -> Path:
+    py = tmp / "python"
+    py.write_text("#!/bin/sh\n" + body + "\n")
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    return py
+
+
+def test_each_scenarios_verdict_is_read_from_the_releases_run(tmp_path: Path) -> None:
+    doc = [{"name": "pd-basic", "verdict": "pass", "seconds": 91.0,
+            "admitted": ["v0.29", "fixed"]},
+           {"name": "pd-decode-kv-pressure", "verdict": "fail", "seconds": 68.0,
+            "admitted": []}]  # fmt: skip
+    # the fake writes the JSON where --json says (its last argument)
+    py = _fake_python(tmp_path, f"for a; do last=$a; done; echo '{json.dumps(doc)}' > $last")
+    got = scenarios(py, tmp_path, ["pd-basic", "pd-decode-kv-pressure"])
+    assert got == {"pd-basic": "pass in 91.0 s, admitted by v0.29, fixed",
+                   "pd-decode-kv-pressure": "fail in 68.0 s, admitted by none"}  # fmt: skip
+
+
+def test_a_release_whose_run_blocks_is_inconclusive(tmp_path: Path) -> None:
+    py = _fake_python(tmp_path, "exec sleep 600")
+    got = scenarios(py, tmp_path, ["pd-basic"], timeout_s=0.2)
+    assert got == {"pd-basic": "inconclusive: timed out after 0 s"}
+
+
+def test_a_release_that_cannot_run_them_says_why(tmp_path: Path) -> None:
+    py = _fake_python(tmp_path, "echo 'No module named vllm._C' >&2; exit 1")
+    got = scenarios(py, tmp_path, ["pd-basic"])
+    assert got == {"pd-basic": "not run: No module named vllm._C"}
