@@ -66,6 +66,10 @@ class Scenario:
     # at D together and the second waits in D's queue, not yet allocated, until the first
     # finishes and frees its blocks; P holds its blocks, heartbeated, meanwhile.
     d_kv_blocks: int = 0
+    # decode requests the client aborts `d_abort_after_s` after adding them: an abort while
+    # D waits for the KV (#32255's window) if it lands before the READ is reported
+    d_abort: tuple[int, ...] = ()
+    d_abort_after_s: float = 0.0
 
 
 SCENARIOS = {
@@ -96,6 +100,10 @@ SCENARIOS = {
         Scenario("pd-decode-kv-pressure", "P -> D, 2 requests, D's pool holds one (3 "
                  "blocks, 2 per request): the second waits in D's queue until the first "
                  "has decoded and freed its blocks", d_kv_blocks=4, lease=120),
+        Scenario("pd-decode-abort", "P -> D, 2 requests; the client aborts the second on D "
+                 "right after adding it, before D has its KV (D's READs wait for its "
+                 "first handshake with P)", d_abort=(1,),
+                 lease=120),
         Scenario("lease-expiry", "P only, nobody reads: blocks freed when the 6 s lease expires",
                  requests=1, consumer=False, lease=6),
         # GPU runners (vLLM refuses offloading and PCP on CPU). Not run here yet: no GPU
@@ -237,12 +245,15 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
             else:
                 got = d.ask({"cmd": "generate", "prompts": fill + ps, "params": [None]
                              * len(fill) + params, "max_tokens": [sc.filler_tokens]
-                             * len(fill) + [sc.max_tokens] * len(ps), "tag": "d"},
-                            step_s)  # fmt: skip
+                             * len(fill) + [sc.max_tokens] * len(ps), "tag": "d",
+                             "abort": [len(fill) + n for n in sc.d_abort],
+                             "abort_after_s": sc.d_abort_after_s}, step_s)  # fmt: skip
                 got["outputs"] = got["outputs"][len(fill):]
             ref = d.ask({"cmd": "generate", "prompts": ps, "max_tokens": sc.max_tokens,
                          "tag": "local"}, step_s)  # fmt: skip
-            same = [o["tokens"] for o in got["outputs"]] == [o["tokens"] for o in ref["outputs"]]
+            kept_d = [n for n in range(len(ps)) if n not in sc.d_abort]  # D's aborts: no output
+            same = ([got["outputs"][n]["tokens"] for n in kept_d]
+                    == [ref["outputs"][n]["tokens"] for n in kept_d])  # fmt: skip
             res.checks.append(Check("decode outputs equal a local run", same,
                                     f"P/D {got['outputs'][0]['tokens']} local "
                                     f"{ref['outputs'][0]['tokens']}"))  # fmt: skip

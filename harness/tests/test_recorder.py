@@ -49,3 +49,14 @@ def test_a_finish_through_all_groups_is_recorded_once(tmp_path: Path) -> None:
     conn.request_finished(_Req(), [3])  # a direct call is recorded too
     finished = [e for e in _lines(tmp_path) if e["call"] == "request_finished"]
     assert [(e["reqs"], e["result"]["blocks"]) for e in finished] == [(["r1"], 2), (["r1"], 1)]
+
+
+def test_a_read_spec_without_local_blocks_is_notify_only() -> None:
+    from types import SimpleNamespace
+
+    from kvspec.record.connectors import _notify_only
+
+    assert _notify_only(SimpleNamespace(local_block_ids=[[], []])) is True  # every group empty
+    assert _notify_only(SimpleNamespace(local_block_ids=[[3, 4], []])) is False
+    assert _notify_only([]) is True and _notify_only([7, 8]) is False  # one flat group
+    assert _notify_only(object()) is None  # the release's arguments do not say

@@ -18,7 +18,7 @@ from kvspec.validate_decode import check_bug
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = REPO / "conformance" / "recorded"
-RUNS = ("pd-basic", "pd-sync", "pd-abort", "pd-tp2", "pd-multi")
+RUNS = ("pd-basic", "pd-sync", "pd-abort", "pd-tp2", "pd-multi", "pd-decode-abort")
 
 
 def _events(name: str) -> list[Event]:
@@ -155,3 +155,16 @@ def test_d_capacity_is_dropped_where_local_requests_share_the_pool_or_the_log_re
     # the log shows both P/D requests held at once: a pool of one refuted (shared blocks)
     both = [DecodeEvent("execute", reads=(frozenset({(1, 0), (2, 0)}),))]
     assert d_capacity(sched, reqs, both) is None
+
+
+def test_a_notify_only_entry_is_no_read(tmp_path: Path) -> None:
+    """pd-decode-abort: D's client aborted request 2 before D scheduled it; its cleanup
+    entry went to P notify-only after D's first handshake (no local block: the recorder
+    says notify_only). Admitted above. Negative control: read as a READ, as the recorder
+    once wrote it, the step that sent it is not explained (Decode.tla posts no READ for
+    an aborted request's cleanup)."""
+    events = _events("pd-decode-abort")
+    doc = _doctor(events, lambda e: e.call == "read" and e.result.get("notify_only"),
+                  notify_only=None)  # fmt: skip
+    at = _at(doc, lambda e: e.a == "execute" and any(e.reads))
+    assert _verdict(doc, tmp_path) == ("rejected", at)

@@ -191,10 +191,24 @@ def _wrap_reads(connector: Any, rec: Recorder) -> None:
         out = real(read_spec, dst_engine_id, request_id, remote_request_id, *args, **kwargs)
         rec.emit("read", reqs=[request_id], t_ns=t_ns, remote_request_id=str(remote_request_id),
                  remote_rank=int(getattr(read_spec, "remote_rank", -1)),
-                 remote_engine=str(dst_engine_id), posted=bool(out))  # fmt: skip
+                 remote_engine=str(dst_engine_id), posted=bool(out),
+                 notify_only=_notify_only(read_spec))  # fmt: skip
         return out
 
     worker._read_blocks = read_blocks
+
+
+def _notify_only(read_spec: Any) -> bool | None:
+    """Whether `_read_blocks` was handed no local block: it then only sends "r:n" to the
+    producer and posts no READ (a full hit, or an aborted request's cleanup entry;
+    pull_worker.py:444-465). None where the release's arguments do not say."""
+    local = getattr(read_spec, "local_block_ids", read_spec)
+    if not isinstance(local, (list, tuple)):
+        return None
+    groups = [g if isinstance(g, (list, tuple)) else [g] for g in local]
+    if local and not isinstance(local[0], (list, tuple)):
+        groups = [list(local)]  # one group, a flat list of block ids (older releases)
+    return not any(len(g) > 0 for g in groups)
 
 
 def _wrap_heartbeats(connector: Any, rec: Recorder) -> None:

@@ -126,7 +126,8 @@ def map_decode(events: list[Event], engine: str | None = None) -> DecodeMapped:
     count: dict[int, int] = defaultdict(int)
     for e in sorted((e for e in events if e.engine == d and e.role == "worker"),
                     key=lambda e: (e.rank, e.pid, e.seq)):  # fmt: skip
-        if e.call == "read" and e.reqs and e.reqs[0] in reqs:
+        # a notify-only "read" (no local block: nothing is read) is no READ in Decode.tla
+        if e.call == "read" and e.reqs and e.reqs[0] in reqs and not e.result.get("notify_only"):
             reads[(e.rank, count[e.rank] + 1)].add(
                 (reqs[e.reqs[0]], int(e.result.get("remote_rank", 0)))
             )

@@ -30,7 +30,9 @@ the aggregated connector output, empty when the step had none), `finish_requests
 the KV blocks it holds then, every group's), `free_blocks`
 (`result.free`: free blocks after it); worker side `get_transfer_results` (the rank's
 finished_sending / finished_recving / failed_recving), `read` (a NIXL READ posted:
-`result.remote_request_id`, `result.remote_rank`), `heartbeat_send` (a decode worker's
+`result.remote_request_id`, `result.remote_rank`, `result.notify_only`: it had no local
+block, so it only notified the producer: a full hit or an aborted request's cleanup),
+`heartbeat_send` (a decode worker's
 `_send_heartbeats` for one producer engine, stamped at entry: `reqs` the producer's ids,
 `result.remote_engine`, `result.sent` / `result.failed`: producer ranks whose "HB:" message
 went out / raised; neither: swallowed by the proactive handshake) and `heartbeat_recv` (a
