@@ -205,10 +205,9 @@ def _notify_only(read_spec: Any) -> bool | None:
     local = getattr(read_spec, "local_block_ids", read_spec)
     if not isinstance(local, (list, tuple)):
         return None
-    groups = [g if isinstance(g, (list, tuple)) else [g] for g in local]
-    if local and not isinstance(local[0], (list, tuple)):
-        groups = [list(local)]  # one group, a flat list of block ids (older releases)
-    return not any(len(g) > 0 for g in groups)
+    if local and isinstance(local[0], (list, tuple)):  # one list per KV cache group
+        return not any(len(g) > 0 for g in local)
+    return not local  # one flat list of block ids (older releases)
 
 
 def _wrap_heartbeats(connector: Any, rec: Recorder) -> None:
