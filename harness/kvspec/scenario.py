@@ -66,10 +66,8 @@ class Scenario:
     # at D together and the second waits in D's queue, not yet allocated, until the first
     # finishes and frees its blocks; P holds its blocks, heartbeated, meanwhile.
     d_kv_blocks: int = 0
-    # decode requests the client aborts `d_abort_after_s` after adding them: an abort while
-    # D waits for the KV (#32255's window) if it lands before the READ is reported
+    # decode requests the client aborts on D right after adding them: before D has their KV
     d_abort: tuple[int, ...] = ()
-    d_abort_after_s: float = 0.0
 
 
 SCENARIOS = {
@@ -246,8 +244,8 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
                 got = d.ask({"cmd": "generate", "prompts": fill + ps, "params": [None]
                              * len(fill) + params, "max_tokens": [sc.filler_tokens]
                              * len(fill) + [sc.max_tokens] * len(ps), "tag": "d",
-                             "abort": [len(fill) + n for n in sc.d_abort],
-                             "abort_after_s": sc.d_abort_after_s}, step_s)  # fmt: skip
+                             "abort": [len(fill) + n for n in sc.d_abort]},
+                            step_s)  # fmt: skip
                 got["outputs"] = got["outputs"][len(fill):]
             ref = d.ask({"cmd": "generate", "prompts": ps, "max_tokens": sc.max_tokens,
                          "tag": "local"}, step_s)  # fmt: skip

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any
 
 
@@ -99,8 +98,7 @@ def serve(a: argparse.Namespace) -> None:
             ))  # fmt: skip
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in cmd["prompts"]]
         _reply({"outputs": _generate(llm, prompts, sps, cmd.get("tag", "q"),
-                                     set(cmd.get("abort", [])), bool(cmd.get("stream")),
-                                     float(cmd.get("abort_after_s", 0.0)))})  # fmt: skip
+                                     set(cmd.get("abort", [])), bool(cmd.get("stream")))})
 
 
 def _answer(out: Any) -> dict[str, Any]:
@@ -108,8 +106,7 @@ def _answer(out: Any) -> dict[str, Any]:
 
 
 def _generate(llm: Any, prompts: list[Any], sps: list[Any], tag: str,
-              abort: set[int], stream: bool = False,
-              abort_after_s: float = 0.0) -> list[dict[str, Any]]:  # fmt: skip
+              abort: set[int], stream: bool = False) -> list[dict[str, Any]]:  # fmt: skip
     """Add every request, then step until each has finished. Not LLM.generate: it returns
     only once the engine core is idle, and a producer is not idle while it holds finished
     requests' blocks for a READ (scheduler.has_requests), which this process is about to
@@ -118,24 +115,18 @@ def _generate(llm: Any, prompts: list[Any], sps: list[Any], tag: str,
     ids = [f"{tag}{n}" for n in range(len(prompts))]
     for rid, prompt, sp in zip(ids, prompts, sps, strict=True):
         engine.add_request(rid, prompt, sp)
-    # The client aborts these right after adding them, or `abort_after_s` later (the
-    # engine core steps in its own process meanwhile; EngineCore._process_aborts_queue /
-    # Scheduler.finish_requests(FINISHED_ABORTED)): a decode engine may then hold them in
-    # WAITING_FOR_REMOTE_KVS with a READ to come. Which window the abort hit, the
-    # recording says; every one of them is a behaviour the spec must admit.
-    to_abort = [ids[n] for n in sorted(abort)]
-    t0 = time.monotonic()
+    # The client aborts these right after adding them (EngineCore._process_aborts_queue /
+    # Scheduler.finish_requests(FINISHED_ABORTED)); the engine may have scheduled them.
+    # Which window the abort hit, the recording says: each is a behaviour the spec admits.
+    engine.abort_request([ids[n] for n in sorted(abort)])
     done: dict[str, Any] = {}
     while len(done) < len(ids):
-        if to_abort and time.monotonic() - t0 >= abort_after_s:
-            engine.abort_request(to_abort)
-            to_abort = []
         for out in engine.step():
             if out.finished and out.request_id in ids:
                 done[out.request_id] = out
                 if stream:  # each request as it finishes: the client hands it on at once
                     _reply({"stream": ids.index(out.request_id), "output": _answer(out)})
-        if abort and not to_abort and all(ids[n] in done or n in abort for n in range(len(ids))):
+        if abort and all(ids[n] in done or n in abort for n in range(len(ids))):
             break
     return [
         _answer(done[r])
