@@ -216,3 +216,23 @@ def test_a_multiconnector_is_mapped_by_its_children_in_their_order() -> None:
     assert composition(start) == "multi-nixl-example"
     with pytest.raises(MappingError, match="no KVCompletion composition"):
         composition({**start, "children": sorted(start["children"])})
+
+
+def test_a_decode_engine_that_never_read_is_still_a_consumer() -> None:
+    """Recorded in make e2e (pd-tp2 under load): D's first handshake with P timed out, so
+    D posted no READ and P freed at its lease. D is still the consumer: its scheduler
+    was handed requests with do_remote_prefill. Negative control: without that, two
+    engines schedule and neither READ, and the recording names no single producer."""
+    from kvspec.record.log import Event
+    from kvspec.record.mapping import MappingError, _engines
+
+    def ev(engine: str, call: str, seq: int, **result: object) -> Event:
+        return Event(engine, "kv_both", "scheduler", 0, 1, seq, seq, seq, call,
+                     reqs=("x",), result=dict(result))  # fmt: skip
+
+    events = [ev("P", "schedule", 1), ev("D", "add_request", 2, remote_prefill=True),
+              ev("D", "schedule", 3)]  # fmt: skip
+    assert _engines(events) == ("P", ["D"])
+    events[1] = ev("D", "add_request", 2, remote_prefill=False)
+    with pytest.raises(MappingError, match="found 2 producer engines"):
+        _engines(events)

@@ -94,7 +94,12 @@ def most_holding(log: list[SpecEvent]) -> int:
 
 
 def _engines(events: list[Event]) -> tuple[str, list[str]]:
-    readers = sorted({e.engine for e in events if e.call == "read"})
+    """(the producer, the consumers): an engine that READ, or whose scheduler was handed a
+    request with do_remote_prefill, is a consumer, also one that never READ because its
+    handshake with the producer failed (recorded: handshake-failed-lease)."""
+    takers = {e.engine for e in events
+              if e.call == "add_request" and e.result.get("remote_prefill")}  # fmt: skip
+    readers = sorted({e.engine for e in events if e.call == "read"} | takers)
     scheds = sorted({e.engine for e in events if e.call == "schedule"} - set(readers))
     if len(scheds) != 1:
         raise MappingError(
