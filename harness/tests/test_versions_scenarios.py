@@ -41,3 +41,20 @@ def test_a_release_that_cannot_run_them_says_why(tmp_path: Path) -> None:
     py = _fake_python(tmp_path, "echo 'No module named vllm._C' >&2; exit 1")
     got = scenarios(py, tmp_path, ["pd-basic"])
     assert got == {"pd-basic": "not run: No module named vllm._C"}
+
+
+def test_the_decode_side_and_conform_share_the_runner(tmp_path: Path) -> None:
+    """decode_side and conform go through the same runner: a blocking release is
+    inconclusive, one that wrote no JSON says why, one that did gives its verdict."""
+    from kvspec.versions import conform, decode_side
+
+    blocks = _fake_python(tmp_path, "exec sleep 600")
+    assert decode_side(blocks, tmp_path, timeout_s=0.2) == (
+        "inconclusive: timed out after 0 s", None)  # fmt: skip
+    dies = _fake_python(tmp_path, "echo 'no driver' >&2; exit 3")
+    assert decode_side(dies, tmp_path) == ("not driven: no driver", None)
+    got = conform("r", dies, tmp_path)
+    assert (got.rc, got.error) == (3, "no driver")
+    doc = {"verdict": "conforms", "rows": {"a": 1}}
+    says = _fake_python(tmp_path, f"for a; do last=$a; done; echo '{json.dumps(doc)}' > $last")
+    assert decode_side(says, tmp_path) == ("conforms", {"a": 1})
