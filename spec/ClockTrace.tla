@@ -18,6 +18,8 @@
 (*  "arrive", "schedule", "execute", "update", "abort", "read": as KVTrace *)
 (*  "add"      D's Scheduler.add_request of r (on_new_request)             *)
 (*  "recv"     D's scheduler processed r's finished_recving                *)
+(*  "abandon"  D's scheduler processed r's failed receive, no READ posted  *)
+(*             (a failed handshake): D stops heartbeating r                *)
 (*  "hb"       a heartbeat: swallowed by the pending handshake, or sent and *)
 (*             lost at the producer ranks in `lost` (no _handle_heartbeat)  *)
 (* The run is a behaviour iff a state with logIdx = Len(Log) is reachable: *)
@@ -30,7 +32,8 @@ CONSTANTS
     Slack,    \* ticks an event may be placed from its recorded tick (its place
               \* inside the tick, and the processes' reports, are not modelled)
     MaxNow,   \* the last recorded tick + Slack: the clock stops there
-    HbSeen    \* the recording has heartbeat events (else heartbeats are silent)
+    HbSeen,   \* the recording has heartbeat events (else heartbeats are silent)
+    SubTick   \* deadlines fall inside ticks (kvspec: TRUE; FALSE only as a control)
 
 \* Named logIdx, not i: TLC resolves the bound i of KVCompletion's StepToRun to a
 \* state variable of that name.
@@ -82,6 +85,9 @@ Match(e) ==
       [] e.a = "recv" ->
             /\ consumer_update(e.r)
             /\ UNCHANGED arrived
+      [] e.a = "abandon" ->
+            /\ abandon(e.r)
+            /\ UNCHANGED arrived
       [] e.a = "hb" ->
             /\ HbDue
             /\ IF e.swallow THEN HbSwallowed ELSE HbSent(e.lost)
@@ -93,12 +99,29 @@ IdleTick ==
     /\ \A r \in Reqs : req[r] = "freed" /\ r \notin Tracked
     /\ UNCHANGED vars
 
+(* Deadlines inside a tick.  KVClock's deadlines are tick-aligned: every   *)
+(* lease whose TTL reaches 0 at a tick is expired for the next reaper.  A  *)
+(* real deadline falls anywhere inside that tick, so P's steps in it may   *)
+(* reap some of those leases and not yet the others (recorded:             *)
+(* pd-handshake-fail, two leases stamped 1 ms apart reaped in two P steps  *)
+(* 3 ms apart).  Here a lease whose TTL reached 0 expires at some point of *)
+(* the tick (deadline_passes), and by the next tick it has (the cfg says   *)
+(* ExpiresAtTick <- TraceExpiresAtTick).                                   *)
+TraceExpiresAtTick(w, r) == ttl[w][r] = 0
+deadline_passes(w, r) ==
+    /\ r \in lease[w] \ expired[w] /\ ttl[w][r] = 0
+    /\ expired' = [expired EXCEPT ![w] = @ \cup {r}]
+    /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, notif, replQ,
+                   extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits,
+                   lateFinish, clobbered, published, cvars>>
+
 \* Actions the recording does not see.
 Silent ==
     \/ \E r \in Reqs, w \in Ranks :
           consumer_read_done(r, w) \/ consumer_get_finished(r, w) \/ store_complete(r, w)
     \/ handshake_done
     \/ ~HbSeen /\ heartbeat
+    \/ SubTick /\ \E w \in Ranks, r \in Reqs : deadline_passes(w, r)
 
 TraceInit == Init /\ logIdx = 0 /\ arrived = {} /\ now = 0
 

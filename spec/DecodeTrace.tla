@@ -8,8 +8,8 @@
 (* observation that changes nothing.  What the recording cannot see        *)
 (* happens silently, as often as needed: a READ's end, a notification's    *)
 (* delivery, a producer's lease, the LMCache child's store, the NIXL       *)
-(* handshake.  The run is a behaviour iff a state with logIdx = Len(Log)  *)
-(* is reachable (TraceUnfinished violated).                                *)
+(* handshake and its failure.  The run is a behaviour iff a state with     *)
+(* logIdx = Len(Log) is reachable (TraceUnfinished violated).              *)
 (*                                                                         *)
 (* Log records: [a, r, batch, out, fail, reads, recv]; a is one of        *)
 (*  "arrive"   D's Scheduler.add_request(r)                               *)
@@ -75,7 +75,7 @@ Match(e) ==
 \* Actions the recording does not see.
 Silent ==
     \/ ReadEnd
-    \/ \E w \in DRanks : handshake_start(w) \/ handshake_done(w)
+    \/ \E w \in DRanks : handshake_start(w) \/ handshake_done(w) \/ handshake_fail(w)
     \/ \E p \in PRanks, r \in Reqs : deliver(p, r) \/ lease_expire(p, r)
     \/ \E r \in Reqs : child_send_done(r)
 

@@ -255,6 +255,9 @@ handshake_done ==
 (* one that ran out before it was installed (ShipLate), in its install's   *)
 (* own step (start_load_kv installs it, the reaper of that step frees it: *)
 (* execute_model passes those, TTL 0, to KVCompletion's step).             *)
+\* The leases whose deadline passes at this tick (deadlines are tick-aligned here).
+\* ClockTrace overrides it: a recording's deadlines fall inside ticks (TraceExpiresAtTick).
+ExpiresAtTick(w, r) == ttl[w][r] <= 1
 Unshipped == needSend # {} \/ \E i \in 1 .. Len(steps) : ~steps[i].ran /\ steps[i].toSend # {}
 InBuiltStep(r) == \E i \in 1 .. Len(steps) : ~steps[i].ran /\ r \in steps[i].toSend
 Bound(r, w) == IF <<r, w>> \in land THEN NMax ELSE RMax
@@ -279,7 +282,7 @@ tick ==
                  ELSE 0]]
     \* (ShipLate: one that runs out before its step is built keeps TTL 0 until the step
     \* that installs it, whose reaper frees it: execute_model)
-    /\ expired' = [w \in Ranks |-> expired[w] \cup {r \in lease[w] : ttl[w][r] <= 1}]
+    /\ expired' = [w \in Ranks |-> expired[w] \cup {r \in lease[w] : ExpiresAtTick(w, r)}]
     /\ qage' = [r \in Reqs |-> IF r \in Queued THEN qage[r] + 1 ELSE 0]
     /\ age' = [r \in Reqs |-> [w \in Ranks |-> IF Pending(r, w) THEN age[r][w] + 1 ELSE 0]]
     /\ hbAge' = IF hbAge < HbEvery + DStall THEN hbAge + 1 ELSE hbAge

@@ -68,6 +68,12 @@ class Scenario:
     d_kv_blocks: int = 0
     # decode requests the client aborts on D right after adding them: before D has their KV
     d_abort: tuple[int, ...] = ()
+    # D is handed P's kv_transfer_params with a side-channel port nobody listens on: D's
+    # handshake times out (RCVTIMEO 5 s, nixl/base_worker.py:1043-1046), each request is
+    # reported failed_recving and D fails it or recomputes it (`load_policy`); P's blocks
+    # wait for the lease. make e2e met this failure by chance under load (pd-tp2).
+    dead_port: bool = False
+    load_policy: str = ""  # D's kv_load_failure_policy; "": vLLM's default ("fail")
 
 
 SCENARIOS = {
@@ -102,6 +108,12 @@ SCENARIOS = {
                  "right after adding it, before D has its KV (D's READs wait for its "
                  "first handshake with P)", d_abort=(1,),
                  lease=120),
+        Scenario("pd-handshake-fail", "P -> D, 2 requests; D's handshake with P times out "
+                 "(a dead side-channel port): D fails both requests (kv_load_failure_policy "
+                 "fail, the default), P frees at its 6 s lease", dead_port=True, lease=6),
+        Scenario("pd-handshake-fail-recompute", "pd-handshake-fail with "
+                 "kv_load_failure_policy recompute: D recomputes both prompts locally",
+                 dead_port=True, lease=6, load_policy="recompute"),
         Scenario("lease-expiry", "P only, nobody reads: blocks freed when the 6 s lease expires",
                  requests=1, consumer=False, lease=6),
         # GPU runners (vLLM refuses offloading and PCP on CPU). Not run here yet: no GPU
@@ -200,6 +212,8 @@ def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
     blocks = sc.kv_blocks if eid == "P" else sc.d_kv_blocks
     if blocks:
         args += ["--num-blocks", str(blocks)]
+    if eid == "D" and sc.load_policy:
+        args += ["--load-failure", sc.load_policy]
 
     return EngineProc(args, env, logs / f"{eid}.log", grace_s)
 
@@ -235,6 +249,8 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
         kept = [n for n, o in enumerate(pre["outputs"]) if o.get("params")]
         ps = [ps[n] for n in kept]
         params = [pre["outputs"][n]["params"] for n in kept]
+        if sc.dead_port:
+            params = [{**x, "remote_port": free_port()} for x in params]
         if sc.consumer:
             d = engines[1]
             fill = [[5 + i] * 8 for i in range(sc.queued)]
@@ -249,12 +265,7 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
                 got["outputs"] = got["outputs"][len(fill):]
             ref = d.ask({"cmd": "generate", "prompts": ps, "max_tokens": sc.max_tokens,
                          "tag": "local"}, step_s)  # fmt: skip
-            kept_d = [n for n in range(len(ps)) if n not in sc.d_abort]  # D's aborts: no output
-            same = ([got["outputs"][n]["tokens"] for n in kept_d]
-                    == [ref["outputs"][n]["tokens"] for n in kept_d])  # fmt: skip
-            res.checks.append(Check("decode outputs equal a local run", same,
-                                    f"P/D {got['outputs'][0]['tokens']} local "
-                                    f"{ref['outputs'][0]['tokens']}"))  # fmt: skip
+            res.checks.append(_outputs_check(sc, got["outputs"], ref["outputs"]))
 
         def p_freed() -> bool:
             # Polled every 0.5 s while the producer busy-loops (~300 events/s): count the
@@ -271,6 +282,20 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
         for e in engines:
             e.close()
     return _done(_judge(sc, rec, out, res), t0)
+
+
+def _outputs_check(sc: Scenario, got: list[dict[str, Any]],
+                   ref: list[dict[str, Any]]) -> Check:  # fmt: skip
+    """D's outputs against a local run of the same prompts; where D's load fails under the
+    "fail" policy, every request must end in error instead (FinishReason.ERROR)."""
+    kept = [n for n in range(len(got)) if n not in sc.d_abort]  # D's aborts: no output
+    if sc.dead_port and sc.load_policy != "recompute":
+        reasons = [got[n].get("finish") for n in kept]
+        return Check("D failed every request (kv_load_failure_policy fail)",
+                     reasons == ["error"] * len(kept), f"finish reasons {reasons}")
+    same = [got[n]["tokens"] for n in kept] == [ref[n]["tokens"] for n in kept]
+    return Check("decode outputs equal a local run", same,
+                 f"P/D {got[0]['tokens']} local {ref[0]['tokens']}")
 
 
 def _hand_on(p: EngineProc, d: EngineProc, ask_p: dict[str, Any], ps: list[list[int]],

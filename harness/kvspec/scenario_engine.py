@@ -31,6 +31,8 @@ def engine_args(a: argparse.Namespace) -> dict[str, Any]:
         "kv_role": "kv_both", "engine_id": a.engine_id, "kv_buffer_device": buf,
         "kv_connector_extra_config": extra,
     }  # fmt: skip
+    if a.load_failure:
+        kv["kv_load_failure_policy"] = a.load_failure
     if a.connector == "MultiConnector":
         # MultiConnector(NIXL, a second in-tree child): children are vLLM's own classes.
         child: dict[str, Any] = {"kv_connector": a.child, "kv_role": "kv_both"}
@@ -102,7 +104,8 @@ def serve(a: argparse.Namespace) -> None:
 
 
 def _answer(out: Any) -> dict[str, Any]:
-    return {"tokens": list(out.outputs[0].token_ids), "params": out.kv_transfer_params}
+    return {"tokens": list(out.outputs[0].token_ids), "params": out.kv_transfer_params,
+            "finish": out.outputs[0].finish_reason}
 
 
 def _generate(llm: Any, prompts: list[Any], sps: list[Any], tag: str,
@@ -148,6 +151,8 @@ def main() -> None:
     p.add_argument("--child", default="ExampleConnector", help="MultiConnector's 2nd child")
     p.add_argument("--pcp", type=int, default=1, help="prefill_context_parallel_size")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--load-failure", choices=("fail", "recompute"), default=None,
+                   help="kv_load_failure_policy (default: vLLM's)")
     p.add_argument("--max-seqs", type=int, default=8, help="max_num_seqs (run slots)")
     p.add_argument("--num-blocks", type=int, default=0,
                    help="KV pool size in blocks (num_gpu_blocks_override); 0: what fits")

@@ -63,9 +63,14 @@ def trace_module(log: list[ClockEvent]) -> str:
     return f"{head}TheLog == <<\n    {body}\n>>\n====\n"
 
 
-def constants(cm: ClockMapped, variant: str) -> dict[str, str]:
+def _bool(b: bool) -> str:
+    return "TRUE" if b else "FALSE"
+
+
+def constants(cm: ClockMapped, variant: str, sub_tick: bool = True) -> dict[str, str]:
     """KVClock's constants for the recorded deployment: KVCompletion's from its topology,
-    vLLM's lease ratios in ticks, D's bounds open to the end of the log."""
+    vLLM's lease ratios in ticks, D's bounds open to the end of the log; `sub_tick`:
+    deadlines inside ticks (False: KVClock's tick-aligned ones, a negative control)."""
     row = row_for(cm.base, variant)
     c = {k: v for k, v in row.constants().items() if k not in ("NReq", "Timing")}
     open_ = str(cm.max_t + SLACK + 1)
@@ -74,22 +79,27 @@ def constants(cm: ClockMapped, variant: str) -> dict[str, str]:
         "Reqs": reqs, "Lease": "6", "HbEvery": "1", "Extend": "4",
         "AMax": open_, "QMax": open_, "RMax": open_, "NMax": open_, "DStall": open_,
         "HsMax": open_, "MaxLost": "99", "Swallow": "TRUE" if cm.swallow_first else "FALSE",
-        "NotifFirst": "FALSE", "Abandon": "FALSE", "ShipLate": "TRUE", "Slack": str(SLACK),
+        "NotifFirst": "FALSE", "Abandon": _bool(any(e.a == "abandon" for e in cm.log)),
+        "ShipLate": "TRUE", "Slack": str(SLACK),
         "MaxNow": str(cm.max_t + SLACK), "HbSeen": "TRUE" if cm.heartbeats else "FALSE",
+        "SubTick": _bool(sub_tick),
     }  # fmt: skip
     return c
 
 
 def trace_cfg(consts: dict[str, str], invariant: str) -> str:
     lines = ["CONSTANTS"] + [f"  {k} = {v}" for k, v in consts.items()]
-    lines += ["  Log <- TheLog", "  Arrived <- [KVCompletion] TraceArrived", "INIT TraceInit",
-              "NEXT TraceNext", f"INVARIANT {invariant}"]  # fmt: skip
+    lines += ["  Log <- TheLog", "  Arrived <- [KVCompletion] TraceArrived"]
+    if consts.get("SubTick") == "TRUE":  # deadlines inside ticks (spec/ClockTrace.tla)
+        lines.append("  ExpiresAtTick <- TraceExpiresAtTick")
+    lines += ["INIT TraceInit", "NEXT TraceNext", f"INVARIANT {invariant}"]
     return "\n".join(lines) + "\n"
 
 
-def check_clock(cm: ClockMapped, variant: str, work: Path, timeout_s: float = 300) -> ClockVerdict:
+def check_clock(cm: ClockMapped, variant: str, work: Path, timeout_s: float = 300,
+                sub_tick: bool = True) -> ClockVerdict:  # fmt: skip
     try:
-        consts = constants(cm, variant)
+        consts = constants(cm, variant, sub_tick)
     except ValueError as exc:  # an ASSUME this design rejects
         return ClockVerdict(DesignVerdict(variant, "inconclusive", detail=str(exc)))
     d = work / f"clock-{variant}"

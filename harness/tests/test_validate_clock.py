@@ -124,13 +124,15 @@ def test_heartbeats_p_handled_keep_a_lease_alive_past_its_end(tmp_path: Path) ->
 def test_negative_control_heartbeats_p_never_handled_cannot_keep_the_lease(
     tmp_path: Path,
 ) -> None:
-    """The same run without P's receipts: the lease ran out at tick 6 (7 if P shipped the
-    deadline a tick late) and P's step then did not reap it: rejected there."""
+    """The same run without P's receipts: the lease ran out during tick 6 (stamped in
+    tick 0, its deadline falls inside tick 6: ClockTrace's deadline_passes), so by tick 7
+    (8 if P shipped the deadline a tick late) and P's step then did not reap it:
+    rejected there."""
     events = doctored.drop_heartbeat_receipts(heartbeating(), "P")
     verdict, explained, _, log = _verdict(events, tmp_path)
     assert verdict == "rejected"
-    # a P step in tick 6, or 7: P may have shipped the deadline a tick late (ShipLate)
-    assert log[explained].a == "execute" and log[explained].t in (6, 7)
+    # a P step in tick 7, or 8: P may have shipped the deadline a tick late (ShipLate)
+    assert log[explained].a == "execute" and log[explained].t in (7, 8)
 
 
 def test_a_real_heartbeat_kept_lease_with_a_late_producer_is_admitted(tmp_path: Path) -> None:

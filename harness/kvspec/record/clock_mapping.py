@@ -53,7 +53,7 @@ class ClockEvent:
         if self.a == "hb":
             what = "swallowed" if self.swallow else f"lost at {sorted(self.lost)}"
             return f"t={self.t} heartbeat {list(self.names)} {what}"
-        if self.a in ("add", "recv"):
+        if self.a in ("add", "recv", "abandon"):
             return f"t={self.t} {self.a} r={self.r}"
         base = SpecEvent(self.a, self.r, self.w, self.batch, self.out, self.freed, self.fin)
         return f"t={self.t} {base.describe()}"
@@ -139,12 +139,17 @@ def _heartbeats(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]
 
 def _decode_events(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]]:
     """D's add_request of a P/D request and its scheduler's processed finished_recving.
-    A decode request is the producer's request its READs name (`read` events)."""
+    A decode request is the producer's request its add_request names, or (a recording
+    from before kvspec recorded that) the one its READs name (`read` events)."""
     d_to_p = {e.reqs[0]: str(e.result.get("remote_request_id", "")) for e in events
-              if e.engine in m.consumers and e.call == "read"}  # fmt: skip
+              if e.engine in m.consumers and e.reqs and e.result.get("remote_request_id")
+              and (e.call == "read" or e.call == "add_request")}  # fmt: skip
 
     def r_of(rid: str) -> int | None:
         return m.requests.get(d_to_p.get(rid, ""))
+
+    read_ids = {e.reqs[0] for e in events if e.engine in m.consumers and e.call == "read"
+                and e.reqs and not e.result.get("notify_only")}  # fmt: skip
 
     out = []
     for e in events:
@@ -155,10 +160,21 @@ def _decode_events(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEve
             if r is not None:
                 out.append((e, ClockEvent("add", r=r, source=e)))
         elif e.call == "update_from_output":
+            failed = e.ids("failed_recving")
             for rid in sorted(e.ids("finished_recving")):
                 r = r_of(rid)
-                if r is not None:
+                if r is None:
+                    continue
+                # A failed receive is reported finished too (base_worker.py:2881-2889) and
+                # D stops heartbeating it (base_scheduler.py:522-525): with no READ posted
+                # (a failed handshake) that is KVClock's abandon; a failed READ it lacks.
+                if rid not in failed:
                     out.append((e, ClockEvent("recv", r=r, source=e)))
+                elif rid in read_ids:
+                    raise MappingError(f"{e.engine}'s READ of {rid} failed: KVClock has no "
+                                       "failed READ; validate the decode side instead")  # fmt: skip
+                else:
+                    out.append((e, ClockEvent("abandon", r=r, source=e)))
     return out
 
 

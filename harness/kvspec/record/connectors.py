@@ -109,8 +109,17 @@ def _after_update(sched: Any, rec: Recorder, out: Any, so: Any, mro: Any, *a: An
 def _after_add(sched: Any, rec: Recorder, out: Any, request: Any, *a: Any, **k: Any) -> None:
     pool = sched.kv_cache_manager.block_pool
     params = getattr(request, "kv_transfer_params", None) or {}
+    remote = bool(params.get("do_remote_prefill"))
+    # the producer's engine and request id (nixl/metadata.py:333-334): a decode request is
+    # mapped to its producer's even when D never READs (a failed handshake)
+    where: dict[str, Any] = {}
+    if remote:
+        where = {
+            "remote_engine": str(params.get("remote_engine_id", "")),
+            "remote_request_id": str(params.get("remote_request_id", "")),
+        }
     rec.emit("add_request", reqs=[request.request_id], free=int(pool.get_num_free_blocks()),
-             remote_prefill=bool(params.get("do_remote_prefill")))  # fmt: skip
+             remote_prefill=remote, **where)  # fmt: skip
 
 
 def _after_finish(sched: Any, rec: Recorder, out: Any, ids: Any, status: Any, *a: Any,
@@ -153,6 +162,9 @@ def _describe(connector: Any, vllm_config: Any) -> dict[str, Any]:
         "vllm": str(getattr(vllm, "__version__", "?")),
         # the NIXL scheduler's kv_lease_duration (base_scheduler.py:82-86): the clock's tick
         "lease": _lease(connector),
+        # Decode.tla's Policy (config/kv_transfer.py: "fail" unless "recompute")
+        "kv_load_failure_policy": str(getattr(vllm_config.kv_transfer_config,
+                                              "kv_load_failure_policy", "fail")),
     }  # fmt: skip
 
 

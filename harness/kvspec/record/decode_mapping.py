@@ -67,14 +67,25 @@ class DecodeMapped:
     capacity: int | None = None
 
 
+def _takers(events: list[Event]) -> dict[str, set[str]]:
+    """Engine -> the producer engines named by the do_remote_prefill requests its scheduler
+    was handed ("" where the recording predates `remote_engine`): a decode engine, even
+    one that never READ (its handshake with the producer failed)."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for e in events:
+        if e.call == "add_request" and e.result.get("remote_prefill"):
+            out[e.engine].add(str(e.result.get("remote_engine", "")))
+    return out
+
+
 def _consumer(events: list[Event], engine: str | None) -> str:
-    readers = sorted({e.engine for e in events if e.call == "read"})
+    readers = sorted({e.engine for e in events if e.call == "read"} | set(_takers(events)))
     with_sched = [x for x in readers if any(e.engine == x and e.role == "scheduler"
                                             for e in events)]  # fmt: skip
     if engine is not None:
         if engine not in with_sched:
             found = ", ".join(with_sched) or "none"
-            raise MappingError(f"engine {engine} posted no READ or has no scheduler "
+            raise MappingError(f"engine {engine} took no P/D request or has no scheduler "
                                f"recording; decode engines here: {found}")  # fmt: skip
         return engine
     if len(with_sched) != 1:
@@ -86,6 +97,7 @@ def _consumer(events: list[Event], engine: str | None) -> str:
 def _producer_world(events: list[Event], d: str) -> int:
     reads = [e for e in events if e.engine == d and e.call == "read"]
     p_engines = {str(e.result.get("remote_engine", "")) for e in reads}
+    p_engines |= _takers(events).get(d, set()) - {""}
     if len(p_engines) != 1:
         raise MappingError(f"decode engine {d} read from {len(p_engines)} producer engines "
                            f"({', '.join(sorted(p_engines))}); Decode.tla has one")  # fmt: skip
@@ -93,6 +105,9 @@ def _producer_world(events: list[Event], d: str) -> int:
     start = next((e.result for e in events if e.engine == p and e.call == "start"), None)
     if start is not None:
         return int(start.get("tp", 1))
+    if not reads:
+        raise MappingError(f"decode engine {d} posted no READ and producer {p} is not "
+                           "recorded: its TP is unknown; record the producer too")  # fmt: skip
     return 1 + max(int(e.result.get("remote_rank", 0)) for e in reads)
 
 

@@ -22,8 +22,9 @@ Schema version 1; one JSON object per line:
 | `result` | object          | the call's outcome (per call, below)                        |
 
 Calls: scheduler side `add_request` (`result.remote_prefill`: the request asks for its KV
-from a producer, `do_remote_prefill`; `result.free`), `schedule` (`result.new`: newly
-scheduled ids),
+from a producer, `do_remote_prefill`; then `result.remote_engine` and
+`result.remote_request_id`: the producer's engine and request id; `result.free`),
+`schedule` (`result.new`: newly scheduled ids),
 `update_from_output` (`result.finished_sending`, `finished_recving`, `failed_recving`:
 the aggregated connector output, empty when the step had none), `finish_requests`
 (`result.status`), `request_finished` (`result.delay`, `result.status`, `result.blocks`:
@@ -40,7 +41,7 @@ producer worker's `_handle_heartbeat`, stamped at entry: `reqs` the payload,
 `result.held`: the ids it held a lease for, the ones it extends). The scheduler's `start`
 event describes the deployment (`result.connector`, `children`: MultiConnector's children
 in their order, `tp`, `pp`, `pcp`, `async_scheduling`, `vllm`, `lease`: kv_lease_duration
-in s). Sets of ids are written sorted; lists keep their order.
+in s, `kv_load_failure_policy`). Sets of ids are written sorted; lists keep their order.
 """
 
 from __future__ import annotations

@@ -1,0 +1,118 @@
+"""A decode engine whose NIXL handshake with the producer fails (recorded real run,
+conformance/recorded/pd-handshake-fail, kvspec scenario pd-handshake-fail): D never READs,
+reports both requests failed, fails them and stops heartbeating them; P frees them when
+the lease runs out. All three validations admit it; each concession it needed has a
+negative control: Decode.tla without handshake failures, KVClock's tick-aligned
+deadlines, and a recording whose add_request does not name the producer request."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from kvspec.record.clock_mapping import map_clock
+from kvspec.record.decode_mapping import map_decode
+from kvspec.record.log import Event, read_dir
+from kvspec.record.mapping import MappingError
+from kvspec.validate import validate
+from kvspec.validate_clock import check_clock
+from kvspec.validate_decode import check_bug
+
+RECORDED = Path(__file__).resolve().parents[2] / "conformance" / "recorded"
+RUN = RECORDED / "pd-handshake-fail"
+META = json.loads((RUN / "expect.json").read_text())
+# the same failure under kv_load_failure_policy recompute: D recomputed both prompts
+RECOMPUTE = RECORDED / "pd-handshake-fail-recompute"
+
+
+def _events(run: Path = RUN) -> list[Event]:
+    return read_dir(run)
+
+
+def _decided(verdict: str, detail: str) -> None:
+    if verdict == "inconclusive":  # TLC timed out twice (a loaded machine): no verdict
+        pytest.skip(f"inconclusive: {detail}")
+
+
+# the producer side of the recompute run is that of RUN: slow (make test-full)
+@pytest.mark.parametrize(
+    "run", [RUN, pytest.param(RECOMPUTE, marks=pytest.mark.slow)], ids=lambda p: p.name
+)
+def test_the_producer_side_is_admitted_by_every_design(run: Path, tmp_path: Path) -> None:
+    v = validate(run, tmp_path)
+    assert v.admitted == json.loads((run / "expect.json").read_text())["admitted"]
+
+
+@pytest.mark.parametrize("run", [RUN, RECOMPUTE], ids=lambda p: p.name)
+@pytest.mark.parametrize("bug", ["none", *META["decode_rejected_by"]])
+def test_the_decode_side_is_0_32s_design_and_not_the_failure_only_logged_bug(
+    run: Path, bug: str, tmp_path: Path
+) -> None:
+    """#35943 (a failed load only logged: the request stays in WAITING_FOR_REMOTE_KVS) is
+    rejected where D reports both requests failed with no READ posted."""
+    m = map_decode(_events(run))
+    v = check_bug(m, bug, tmp_path)
+    _decided(v.verdict, v.detail)
+    if bug == "none":
+        assert (v.verdict, v.explained) == ("admitted", len(m.log))
+    else:
+        assert v.verdict == "rejected" and m.log[v.explained].a == META["decode_rejected_by"][bug]
+
+
+def test_negative_control_the_recompute_run_is_not_the_fail_policy(tmp_path: Path) -> None:
+    """The recording says D's kv_load_failure_policy; read as "fail" (vLLM's default, what
+    kvspec assumed before recording it), D's schedule of the recomputed requests is not
+    explained: under "fail" they end in error."""
+    m = map_decode(_events(RECOMPUTE))
+    assert m.start["kv_load_failure_policy"] == "recompute"
+    v = check_bug(m, "none", tmp_path, extra={"Policy": '"fail"'})
+    _decided(v.verdict, v.detail)
+    rerun = next(n for n, e in enumerate(m.log) if e.a == "schedule" and e.batch)
+    assert (v.verdict, v.explained) == ("rejected", rerun)
+
+
+def test_negative_control_a_handshake_that_cannot_fail_cannot_explain_it(tmp_path: Path) -> None:
+    m = map_decode(_events())
+    v = check_bug(m, "none", tmp_path, extra={"HandshakeFail": "FALSE"})
+    _decided(v.verdict, v.detail)
+    failed = next(n for n, e in enumerate(m.log) if e.a == "execute" and any(e.fail))
+    assert (v.verdict, v.explained) == ("rejected", failed)
+
+
+def test_the_clock_admits_it_with_d_abandoning_both_requests(tmp_path: Path) -> None:
+    cm = map_clock(_events())
+    assert sum(1 for e in cm.log if e.a == "abandon") == META["clock"]["abandoned"]
+    assert not any(e.a in ("read", "recv") for e in cm.log)  # D never READ
+    v = check_clock(cm, "v0.30-shipped", tmp_path)
+    _decided(v.design.verdict, v.design.detail)
+    assert (v.design.verdict, v.design.explained, v.safe) == ("admitted", len(cm.log), "safe")
+
+
+def test_negative_control_tick_aligned_deadlines_reap_both_leases_in_one_step(
+    tmp_path: Path,
+) -> None:
+    """KVClock's deadlines are tick-aligned: both leases, stamped 1 ms apart, expire at
+    the same tick and the next reaper frees both; the real one freed them in two steps."""
+    cm = map_clock(_events())
+    v = check_clock(cm, "v0.30-shipped", tmp_path, sub_tick=False)
+    _decided(v.design.verdict, v.design.detail)
+    first = next(n for n, e in enumerate(cm.log) if e.a == "execute" and any(e.out))
+    assert (v.design.verdict, v.design.explained) == ("rejected", first)
+    assert [sorted(x) for x in cm.log[first].out] == [[1]]
+
+
+def _without_producer_ids(events: list[Event]) -> list[Event]:
+    """As kvspec recorded D's add_request before it named the producer's request."""
+    drop = ("remote_engine", "remote_request_id")
+    return [dataclasses.replace(e, result={k: v for k, v in e.result.items() if k not in drop})
+            if e.call == "add_request" else e for e in events]  # fmt: skip
+
+
+def test_without_the_producer_request_at_add_request_d_cannot_be_mapped() -> None:
+    """D never READ, so only its add_request can say which producer it took from."""
+    events = _without_producer_ids(_events())
+    with pytest.raises(MappingError, match="read from 0 producer engines"):
+        map_decode(events)
+    assert not any(e.a == "abandon" for e in map_clock(events).log)
