@@ -74,6 +74,9 @@ class Scenario:
     # wait for the lease. make e2e met this failure by chance under load (pd-tp2).
     dead_port: bool = False
     load_policy: str = ""  # D's kv_load_failure_policy; "": vLLM's default ("fail")
+    # D's client aborts the d_abort requests this many seconds after adding them (0: at
+    # once): with dead_port, while they wait in WAITING_FOR_REMOTE_KVS with blocks
+    d_abort_after_s: float = 0.0
 
 
 SCENARIOS = {
@@ -114,6 +117,10 @@ SCENARIOS = {
         Scenario("pd-handshake-fail-recompute", "pd-handshake-fail with "
                  "kv_load_failure_policy recompute: D recomputes both prompts locally",
                  dead_port=True, lease=6, load_policy="recompute"),
+        Scenario("pd-handshake-fail-abort", "pd-handshake-fail, and D's client aborts "
+                 "request 2 after 1.5 s, while both wait in WAITING_FOR_REMOTE_KVS with "
+                 "their blocks for the failing handshake (#32255's and #46283's window)",
+                 dead_port=True, lease=6, d_abort=(1,), d_abort_after_s=1.5),
         Scenario("lease-expiry", "P only, nobody reads: blocks freed when the 6 s lease expires",
                  requests=1, consumer=False, lease=6),
         # GPU runners (vLLM refuses offloading and PCP on CPU). Not run here yet: no GPU
@@ -260,7 +267,8 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
                 got = d.ask({"cmd": "generate", "prompts": fill + ps, "params": [None]
                              * len(fill) + params, "max_tokens": [sc.filler_tokens]
                              * len(fill) + [sc.max_tokens] * len(ps), "tag": "d",
-                             "abort": [len(fill) + n for n in sc.d_abort]},
+                             "abort": [len(fill) + n for n in sc.d_abort],
+                             "abort_after_s": sc.d_abort_after_s},
                             step_s)  # fmt: skip
                 got["outputs"] = got["outputs"][len(fill):]
             ref = d.ask({"cmd": "generate", "prompts": ps, "max_tokens": sc.max_tokens,

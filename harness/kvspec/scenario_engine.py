@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 from typing import Any
 
 
@@ -100,7 +101,8 @@ def serve(a: argparse.Namespace) -> None:
             ))  # fmt: skip
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in cmd["prompts"]]
         _reply({"outputs": _generate(llm, prompts, sps, cmd.get("tag", "q"),
-                                     set(cmd.get("abort", [])), bool(cmd.get("stream")))})
+                                     set(cmd.get("abort", [])), bool(cmd.get("stream")),
+                                     float(cmd.get("abort_after_s", 0)))})  # fmt: skip
 
 
 def _answer(out: Any) -> dict[str, Any]:
@@ -109,7 +111,8 @@ def _answer(out: Any) -> dict[str, Any]:
 
 
 def _generate(llm: Any, prompts: list[Any], sps: list[Any], tag: str,
-              abort: set[int], stream: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+              abort: set[int], stream: bool = False,
+              abort_after_s: float = 0) -> list[dict[str, Any]]:  # fmt: skip
     """Add every request, then step until each has finished. Not LLM.generate: it returns
     only once the engine core is idle, and a producer is not idle while it holds finished
     requests' blocks for a READ (scheduler.has_requests), which this process is about to
@@ -121,7 +124,16 @@ def _generate(llm: Any, prompts: list[Any], sps: list[Any], tag: str,
     # The client aborts these right after adding them (EngineCore._process_aborts_queue /
     # Scheduler.finish_requests(FINISHED_ABORTED)); the engine may have scheduled them.
     # Which window the abort hit, the recording says: each is a behaviour the spec admits.
-    engine.abort_request([ids[n] for n in sorted(abort)])
+    # abort_after_s > 0: the client aborts that much later, from a timer thread, while
+    # this thread waits in engine.step() for the engine core's next output (vLLM's
+    # queue.get: no step returns while every request waits for its KV). Only where no
+    # output can arrive meanwhile (pd-handshake-fail-abort: D's READs wait for a
+    # handshake that times out after 5 s): the output processor is then idle.
+    gone = [ids[n] for n in sorted(abort)]
+    if abort_after_s > 0:
+        threading.Timer(abort_after_s, engine.abort_request, [gone]).start()
+    else:
+        engine.abort_request(gone)
     done: dict[str, Any] = {}
     while len(done) < len(ids):
         for out in engine.step():

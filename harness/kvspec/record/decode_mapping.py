@@ -198,10 +198,10 @@ def d_capacity(sched: list[Event], reqs: dict[str, int], log: list[DecodeEvent])
              and e.reqs and e.reqs[0] not in reqs]  # fmt: skip
     if cap is None or (ends and local and min(local) < max(ends)):
         return None
-    return cap if most_holding(log) <= cap else None
+    return cap if most_held_at_d(log) <= cap else None
 
 
-def most_holding(log: list[DecodeEvent]) -> int:
+def most_held_at_d(log: list[DecodeEvent]) -> int:
     """The most P/D requests the log shows D holding blocks for at once: from the first
     READ it posts for r, or r's first run, to r's completion or abort. A lower bound of
     what D held (a request holds its blocks from its admission, which the log does not
