@@ -25,6 +25,8 @@ RUN = RECORDED / "pd-handshake-fail"
 META = json.loads((RUN / "expect.json").read_text())
 # the same failure under kv_load_failure_policy recompute: D recomputed both prompts
 RECOMPUTE = RECORDED / "pd-handshake-fail-recompute"
+# the same failure with request 2 aborted on D while it waited for its KV with blocks
+ABORT = RECORDED / "pd-handshake-fail-abort"
 
 
 def _events(run: Path = RUN) -> list[Event]:
@@ -36,29 +38,59 @@ def _decided(verdict: str, detail: str) -> None:
         pytest.skip(f"inconclusive: {detail}")
 
 
-# the producer side of the recompute run is that of RUN: slow (make test-full)
+# the producer side of the other two runs is that of RUN: slow (make test-full)
 @pytest.mark.parametrize(
-    "run", [RUN, pytest.param(RECOMPUTE, marks=pytest.mark.slow)], ids=lambda p: p.name
+    "run",
+    [RUN, *(pytest.param(r, marks=pytest.mark.slow) for r in (RECOMPUTE, ABORT))],
+    ids=lambda p: p.name,
 )
 def test_the_producer_side_is_admitted_by_every_design(run: Path, tmp_path: Path) -> None:
     v = validate(run, tmp_path)
     assert v.admitted == json.loads((run / "expect.json").read_text())["admitted"]
 
 
-@pytest.mark.parametrize("run", [RUN, RECOMPUTE], ids=lambda p: p.name)
-@pytest.mark.parametrize("bug", ["none", *META["decode_rejected_by"]])
-def test_the_decode_side_is_0_32s_design_and_not_the_failure_only_logged_bug(
+def _decode_cases() -> list[tuple[Path, str]]:
+    out = []
+    for run in (RUN, RECOMPUTE, ABORT):
+        meta = json.loads((run / "expect.json").read_text())
+        out += [(run, bug) for bug in ["none", *meta["decode_rejected_by"]]]
+    return out
+
+
+@pytest.mark.parametrize(("run", "bug"), _decode_cases(), ids=lambda x: getattr(x, "name", x))
+def test_the_decode_side_is_0_32s_design_and_not_the_bug_designs(
     run: Path, bug: str, tmp_path: Path
 ) -> None:
     """#35943 (a failed load only logged: the request stays in WAITING_FOR_REMOTE_KVS) is
-    rejected where D reports both requests failed with no READ posted."""
+    rejected where D reports both requests failed with no READ posted; #32255 (an abort
+    during a load frees the blocks at once) where D, after the aborted request's receive
+    was reported, stepped on: under #32255 that report is for a request already freed,
+    the assert that kills the engine core."""
+    meta = json.loads((run / "expect.json").read_text())
     m = map_decode(_events(run))
     v = check_bug(m, bug, tmp_path)
     _decided(v.verdict, v.detail)
     if bug == "none":
         assert (v.verdict, v.explained) == ("admitted", len(m.log))
     else:
-        assert v.verdict == "rejected" and m.log[v.explained].a == META["decode_rejected_by"][bug]
+        assert v.verdict == "rejected" and m.log[v.explained].a == meta["decode_rejected_by"][bug]
+
+
+def test_d_held_the_aborted_requests_blocks_until_its_failed_receive() -> None:
+    """The abort came while request 2 waited in WAITING_FOR_REMOTE_KVS with its blocks;
+    D freed them only after the failure report (0.32: finish_requests keeps a loading
+    request's blocks until finished_recving), and no block stayed held (#46283)."""
+    ev = [e for e in _events(ABORT) if e.engine == "D" and e.role == "scheduler"]
+    d2 = next(e.reqs[0] for e in ev if e.call == "add_request" and e.reqs[0].startswith("d1"))
+    abort = next(n for n, e in enumerate(ev) if e.call == "request_finished" and d2 in e.reqs)
+    assert ev[abort].result["status"] == "FINISHED_ABORTED" and ev[abort].result["blocks"] > 0
+    report = next(n for n, e in enumerate(ev) if e.call == "update_from_output"
+                  and d2 in e.ids("finished_recving"))  # fmt: skip
+    free = next(n for n, e in enumerate(ev) if e.call == "free_blocks" and d2 in e.reqs)
+    assert abort < free and d2 in ev[report].ids("failed_recving")
+    assert all(e.call != "free_blocks" or d2 not in e.reqs for e in ev[abort:free])
+    base = next(e.result["free"] for e in ev if e.call == "add_request")
+    assert [e for e in ev if e.call == "free_blocks"][-1].result["free"] == base
 
 
 def test_negative_control_the_recompute_run_is_not_the_fail_policy(tmp_path: Path) -> None:
