@@ -77,6 +77,10 @@ class Scenario:
     # D's client aborts the d_abort requests this many seconds after adding them (0: at
     # once): with dead_port, while they wait in WAITING_FOR_REMOTE_KVS with blocks
     d_abort_after_s: float = 0.0
+    # P's requests sample this many completions (parallel sampling: vLLM fans each out
+    # into n child requests, v1/engine/llm_engine.py:301-315, and the client gets one
+    # kv_transfer_params, the last child's: output_processor.py:359-371)
+    p_n: int = 1
 
 
 SCENARIOS = {
@@ -121,6 +125,11 @@ SCENARIOS = {
                  "request 2 after 1.5 s, while both wait in WAITING_FOR_REMOTE_KVS with "
                  "their blocks for the failing handshake (#32255's and #46283's window)",
                  dead_port=True, lease=6, d_abort=(1,), d_abort_after_s=1.5),
+        Scenario("pd-n2", "P -> D, 1 request sampled with n=2 on P (#43509): P prefills two "
+                 "child requests, the client gets one kv_transfer_params, D READs that child "
+                 "only, and P holds the other until its 6 s lease", requests=1, p_n=2,
+                 # by name: the stranded sibling is the recorded finding, not a regression
+                 lease=6, default=False),
         Scenario("lease-expiry", "P only, nobody reads: blocks freed when the 6 s lease expires",
                  requests=1, consumer=False, lease=6),
         # GPU runners (vLLM refuses offloading and PCP on CPU). Not run here yet: no GPU
@@ -246,7 +255,7 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
             e.ask(None, start_s)  # the "ready" line
         ps = prompts(sc.requests)
         ask_p = {"cmd": "generate", "prompts": ps, "max_tokens": 1, "remote_decode": True,
-                 "tag": "p", "abort": list(sc.abort)}  # fmt: skip
+                 "tag": "p", "abort": list(sc.abort), "n": sc.p_n}  # fmt: skip
         handed: list[dict[str, Any]] = []
         if sc.kv_blocks and sc.consumer:
             pre, handed = _hand_on(engines[0], engines[1], ask_p, ps, sc.max_tokens, step_s)
@@ -279,7 +288,7 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
             # Polled every 0.5 s while the producer busy-loops (~300 events/s): count the
             # free lines of P's scheduler file, do not parse the whole recording each time.
             text = "".join(f.read_text() for f in rec.glob("P-scheduler-*.ndjson"))
-            return text.count('"call": "free_blocks"') >= sc.requests - len(sc.abort)
+            return text.count('"call": "free_blocks"') >= (sc.requests - len(sc.abort)) * sc.p_n
 
         if not wait_until(p_freed, step_s):
             raise EngineTimeout(f"producer did not free {sc.requests} requests in {step_s:.0f} s")

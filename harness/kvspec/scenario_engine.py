@@ -86,6 +86,7 @@ def serve(a: argparse.Namespace) -> None:
         sps = []
         tokens = cmd["max_tokens"]
         tokens = tokens if isinstance(tokens, list) else [tokens] * len(params)
+        n_samples = int(cmd.get("n", 1))
         for p, n in zip(params, tokens, strict=True):
             kvp = (
                 p
@@ -96,7 +97,9 @@ def serve(a: argparse.Namespace) -> None:
                 # greedy: dummy weights give near-uniform logits, so a sampled token would
                 # differ between the P/D run and the local one by chance
                 max_tokens=n, ignore_eos=True, detokenize=False,
-                temperature=0.0,
+                # n > 1 cannot be greedy (vLLM refuses it): sampled, seeded; only P samples
+                # n > 1, and D does not use P's token
+                temperature=0.0 if n_samples == 1 else 1.0, n=n_samples, seed=0,
                 extra_args={"kv_transfer_params": kvp} if kvp else None,
             ))  # fmt: skip
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in cmd["prompts"]]
