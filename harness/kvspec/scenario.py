@@ -5,7 +5,8 @@ consumer's free blocks are back to their baseline and the decode outputs equal a
 run of the same prompts.
 
 Every wait on an engine has a deadline; one that passes is a timeout, and the scenario is
-then "inconclusive", never "fail" (a loaded machine is not a bug).
+then "inconclusive", never "fail" (a loaded machine is not a bug); so is an engine killed by
+a signal. An engine that exits by itself crashed: the scenario fails, naming its error.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kvspec.record.log import DIR_ENV, Event, read_dir
-from kvspec.scenario_proc import EngineProc, EngineTimeout
+from kvspec.scenario_proc import EngineExited, EngineProc, EngineTimeout
 from kvspec.validate import VARIANTS, validate
 
 MODEL_CONFIG = {
@@ -294,6 +295,9 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
             raise EngineTimeout(f"producer did not free {sc.requests} requests in {step_s:.0f} s")
     except EngineTimeout as exc:
         res.detail = f"timeout: {exc}"
+        return _done(res, t0)
+    except EngineExited as exc:  # a crash is a result: failed, and not retried
+        res.verdict, res.detail = "fail", f"crash: {exc}"
         return _done(res, t0)
     finally:
         for e in engines:

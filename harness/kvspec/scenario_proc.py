@@ -19,7 +19,24 @@ from typing import IO, Any
 
 
 class EngineTimeout(TimeoutError):
-    """An engine did not answer before its deadline (or died without answering)."""
+    """An engine did not answer before its deadline, or the machine killed it (a signal:
+    the OOM killer on a loaded machine): no verdict either way."""
+
+
+class EngineExited(RuntimeError):
+    """An engine exited by itself before answering: a crash (vLLM's EngineCore assert,
+    a refused configuration), which is a failed scenario, not a timeout. `last`: the
+    last line of its log that names an error."""
+
+    def __init__(self, rc: int, log: Path, last: str) -> None:
+        super().__init__(f"engine exited with {rc} (log: {log}): {last}")
+        self.rc = rc
+
+
+def last_error(log: Path) -> str:
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    errs = [x.strip() for x in lines if "Error" in x or "error" in x]
+    return (errs or lines or ["(empty log)"])[-1][:300]
 
 
 class EngineProc:
@@ -61,7 +78,11 @@ class EngineProc:
             except queue.Empty:
                 raise EngineTimeout(f"no answer in {timeout_s:.0f} s (log: {self.log})") from None
             if line is None:
-                raise EngineTimeout(f"engine exited with {self.proc.wait()} (log: {self.log})")
+                rc = self.proc.wait()
+                if rc < 0:  # killed by a signal: the machine, not the engine
+                    raise EngineTimeout(f"engine killed by signal {-rc} (log: {self.log})")
+                self._log.flush()
+                raise EngineExited(rc, self.log, last_error(self.log))
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError:

@@ -10,11 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 from kvspec.scenario import SCENARIOS, frees_of, run_scenario, wait_until
-from kvspec.scenario_proc import EngineProc, EngineTimeout
+from kvspec.scenario_proc import EngineExited, EngineProc, EngineTimeout
 from synth_recording import one_request
 
 NEVER = [sys.executable, "-c", "import time; time.sleep(600)"]
-DIES = [sys.executable, "-c", "import sys; sys.exit(3)"]
+DIES = [sys.executable, "-c",
+        "import sys; print('noise', file=sys.stderr); "
+        "print('ValueError: n must be 1', file=sys.stderr); sys.exit(3)"]  # fmt: skip
+KILLED = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
 ANSWERS = [sys.executable, "-c", "print('vllm noise'); print('{\"ready\": true}'); input()"]
 
 
@@ -28,11 +31,24 @@ def test_an_engine_that_never_answers_times_out(tmp_path: Path) -> None:
     assert e.proc.poll() is not None
 
 
-def test_an_engine_that_dies_is_a_timeout_naming_its_exit(tmp_path: Path) -> None:
+def test_an_engine_that_exits_by_itself_is_a_crash_naming_its_error(tmp_path: Path) -> None:
     e = EngineProc(DIES, {}, tmp_path / "e.log")
-    with pytest.raises(EngineTimeout, match="exited with 3"):
+    with pytest.raises(EngineExited, match="exited with 3 .*ValueError: n must be 1"):
         e.ask(None, 60)
     e.close()
+
+
+def test_an_engine_killed_by_a_signal_is_a_timeout(tmp_path: Path) -> None:
+    """Negative control of the above: the machine killed it (as the OOM killer does)."""
+    e = EngineProc(KILLED, {}, tmp_path / "e.log")
+    with pytest.raises(EngineTimeout, match="killed by signal 9"):
+        e.ask(None, 60)
+    e.close()
+
+
+def test_a_scenario_whose_engine_crashes_fails_without_a_retry(tmp_path: Path) -> None:
+    r = run_scenario(SCENARIOS["pd-basic"], tmp_path, engine_cmd=DIES, grace_s=0.1)
+    assert r.verdict == "fail" and r.detail.startswith("crash: engine exited with 3")
 
 
 def test_non_json_lines_are_skipped(tmp_path: Path) -> None:
