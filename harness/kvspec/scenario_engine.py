@@ -133,8 +133,11 @@ def _generate(llm: Any, prompts: list[Any], sps: list[Any], tag: str,
     # output can arrive meanwhile (pd-handshake-fail-abort: D's READs wait for a
     # handshake that times out after 5 s): the output processor is then idle.
     gone = [ids[n] for n in sorted(abort)]
+    timer = None
     if abort_after_s > 0:
-        threading.Timer(abort_after_s, engine.abort_request, [gone]).start()
+        timer = threading.Timer(abort_after_s, engine.abort_request, [gone])
+        timer.daemon = True
+        timer.start()
     else:
         engine.abort_request(gone)
     done: dict[str, Any] = {}
@@ -146,6 +149,10 @@ def _generate(llm: Any, prompts: list[Any], sps: list[Any], tag: str,
                     _reply({"stream": ids.index(out.request_id), "output": _answer(out)})
         if abort and all(ids[n] in done or n in abort for n in range(len(ids))):
             break
+    if timer is not None:
+        # The others may finish first: the abort must still have been made before this
+        # answers (it reports those requests aborted), and not land in the next command.
+        timer.join()
     return [
         _answer(done[r])
         if r in done

@@ -72,3 +72,24 @@ def test_a_timed_abort_lands_while_the_client_waits_in_step() -> None:
     assert llm.llm_engine.aborted == ["d1"]
     assert llm.llm_engine.during_step is True  # the client was in step() when it came
     assert out[0]["finish"] == "error" and out[1].get("aborted")
+
+
+class _FastEngine(_Engine):
+    """step() answers at once: d0 finishes before the timer fires; d1 still waits for
+    its KV (no output) until aborted."""
+
+    def step(self) -> list[_Out]:
+        self.in_step.set()
+        return [_Out("d0")]
+
+
+class _FastLLM:
+    def __init__(self) -> None:
+        self.llm_engine = _FastEngine()
+
+
+def test_a_timed_abort_is_made_before_the_answer_even_if_the_rest_finished_first() -> None:
+    llm = _FastLLM()
+    out = _generate(llm, [[1], [2]], [None, None], "d", {1}, abort_after_s=0.05)
+    assert llm.llm_engine.aborted == ["d1"]  # joined: made before _generate returned
+    assert out[1].get("aborted")
