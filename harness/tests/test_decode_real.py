@@ -15,9 +15,6 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("nixl")
 
-# in-process replays leave a native thread busy: after every other module (pytest_pool)
-pytestmark = pytest.mark.last
-
 from kvspec.decode_traces import (  # noqa: E402
     replay,
     replay_with_retry,

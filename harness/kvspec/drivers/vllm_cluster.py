@@ -49,6 +49,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvspec.drivers import push_side
+from kvspec.drivers.import_pins import unpin_import_tracebacks
 from kvspec.drivers.push_side import PushSide
 from kvspec.drivers.sharding import fixture_model, sharded_decode_tp, transfer_rank
 from kvspec.drivers.vllm_adapters import transfer_results
@@ -485,6 +486,7 @@ def discard_built_inside() -> Iterator[None]:
 
 def shutdown_pool() -> None:
     """Tear down every cluster this process built (pooled or not)."""
+    unpin_import_tracebacks()  # a lazy vLLM import since vllm_api() may have pinned frames
     for c in list(_LIVE):
         discard(c)
     _POOL.clear()

@@ -23,6 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from kvspec.drivers.import_pins import unpin_import_tracebacks
 from kvspec.matrix import Topology
 
 # The model config vLLM reads (architecture, dtype, sizes); no weights are loaded.
@@ -165,6 +166,8 @@ def vllm_api() -> SimpleNamespace:
             backend="gloo",
         )
         api.ensure_model_parallel_initialized(1, 1)
+    # vLLM's kept import errors would pin our callers' frames (import_pins).
+    unpin_import_tracebacks()
     _API = api
     return api
 
