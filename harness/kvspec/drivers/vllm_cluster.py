@@ -50,6 +50,7 @@ from typing import Any
 
 from kvspec.drivers import push_side
 from kvspec.drivers.import_pins import unpin_import_tracebacks
+from kvspec.drivers.native_threads import native_threads_niced
 from kvspec.drivers.push_side import PushSide
 from kvspec.drivers.sharding import fixture_model, sharded_decode_tp, transfer_rank
 from kvspec.drivers.vllm_adapters import transfer_results
@@ -441,7 +442,8 @@ def acquire(
             discard(c)
             raise
         return c
-    c = build_cluster(row, device, waits, decode, decode_tp, model)
+    with native_threads_niced():  # NIXL's progress threads spin (native_threads)
+        c = build_cluster(row, device, waits, decode, decode_tp, model)
     _LIVE.append(c)
     return c
 
