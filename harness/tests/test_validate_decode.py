@@ -92,6 +92,10 @@ def test_a_recording_without_remote_prefill_cannot_be_mapped() -> None:
         map_decode(_events("read-after-lease-expiry"))
 
 
+# make test-full: the same validations of pd-basic (producer, decode and clock sides) run in
+# make test through test_scenario's end-state check; the CLI's exit 2 on bad input through
+# test_validate. 14 s of TLC.
+@pytest.mark.slow
 def test_the_cli_validates_both_sides(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "v.json"
     rc = main(["validate", str(RECORDED / "pd-basic"), "--variant", "fixed",
