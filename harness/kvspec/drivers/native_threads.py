@@ -3,9 +3,10 @@ priority, so that they yield the core to the harness's own thread and to TLC.
 
 NIXL's Python agent sets `pthrDelay = 0` (`nixl_cu12/_api.py:226`, vLLM passes no
 delay): each agent's progress thread busy-polls a core for as long as the agent lives.
-A cluster has two agents or more (producer ranks and decode ranks), so on the 2-core
-machines `make test` targets the driver's own thread got about a third of a core while a
-cluster existed. Measured 2026-12-03, `test_spec_matrix_sample.py` alone: 60 s as
+A cluster has two agents or more (producer ranks and decode ranks; a PCP 2 x TP 2 one has
+six), so on the 2-core machines `make test` targets the driver's own thread shared the
+cores with two to six spinning threads while a cluster existed: two thirds of a core at
+best. Measured 2026-12-03, `test_spec_matrix_sample.py` alone: 60 s as
 started, 36 s with those threads at nice 19 (two runs each, same results).
 
 Priority is not behaviour: the threads still run whenever a core is free, and every wait
@@ -56,6 +57,8 @@ def native_threads_niced(keep: set[int] | None = None) -> Iterator[list[int]]:
     lowest priority when it ends. Yields the list it fills with the threads reniced."""
     before = thread_ids()
     niced: list[int] = []
-    yield niced
-    skip = python_thread_ids() if keep is None else keep
-    niced.extend(renice(thread_ids() - before - skip))
+    try:
+        yield niced
+    finally:  # a failed build's threads too, until its teardown ends them
+        skip = python_thread_ids() if keep is None else keep
+        niced.extend(renice(thread_ids() - before - skip))
