@@ -51,8 +51,19 @@ def test_bad_matrix_is_one_line_and_exit_2(
     assert_bad_matrix_is_one_line_and_exit_2(DECODE, text, needle, tmp_path, capsys)
 
 
+# make test-full only (11 s): the first contact that succeeds, and LMCache's delayed free,
+# whose rows `kvspec decode` in make review checks too; the failing first contact stays.
+SLOW_ROWS = {"p1-d1-first-contact", "p1-d1-lmcache"}
+
+
 @needs_java
-@pytest.mark.parametrize("name", sorted(n for n, r in ROWS.items() if r.tier == "fast"))
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=[pytest.mark.slow] if n in SLOW_ROWS else [])
+        for n in sorted(n for n, r in ROWS.items() if r.tier == "fast")
+    ],
+)
 def test_fast_rows_get_their_expected_verdicts(name: str, tmp_path: Path) -> None:
     res = check_sweep_row(DECODE, ROWS[name], tmp_path)
     assert res.inconclusive == [] and res.unexpected == [], res.verdicts

@@ -89,7 +89,11 @@ MODELS = [
 # the conformance row regress-async-fixed-hf3fs (kvspec traces --tlc). The two-request
 # delaying and upstream rows (14 s) keep their compositions in make test through the
 # one-request models above and the conformance rows' graphs (kvspec traces --tlc).
+# The two-request async PCP 2 and early-break graphs (10 s) keep their shapes in make test
+# through conf-fixed-nixl-pcp2-async and conf-v0.30-early-break-nixl-2req (kvspec traces --tlc).
 SLOW = {
+    "fixed-nixl-async-pcp2-r2",
+    "shipped-early-break-cap2",
     "fixed-nixl-pp2-async-r2",
     "shipped-hf3fs-async-cap2",
     "fixed-upstream-async-r2",

@@ -83,12 +83,12 @@ MODULE_PATH = __name__
 CLASS_NAME = "HeldHF3FSKVConnector"
 
 
-class InProcessMetadataClient(Hf3fsMetadataInterface):
+class InProcessMetadataClient(Hf3fsMetadataInterface):  # type: ignore[misc]
     """The metadata server's answers without HTTP: each call goes to a GlobalMetadataState
     as the server's route handlers do (hf3fs_metadata_server.py:276-381)."""
 
     def __init__(self, state: Any | None = None) -> None:
-        self.state = state if state is not None else GlobalMetadataState()  # type: ignore[no-untyped-call]
+        self.state = state if state is not None else GlobalMetadataState()
 
     def initialize(self, rank: int, num_pages: int = 0, role: str = "worker") -> None:
         # initialize_rank (276-295): the scheduler role needs none.
@@ -138,7 +138,7 @@ def _offline() -> Iterator[None]:
             u()
 
 
-class HeldAsyncOperationManager(vllm_hf3fs.AsyncOperationManager):
+class HeldAsyncOperationManager(vllm_hf3fs.AsyncOperationManager):  # type: ignore[misc]
     """vLLM's AsyncOperationManager without CUDA and I/O threads: save tasks are held in
     its own `_save_queue` until `complete_save` (the spec's store_complete)."""
 
@@ -194,7 +194,7 @@ class HeldAsyncOperationManager(vllm_hf3fs.AsyncOperationManager):
         self._stop_event.set()
 
 
-class HeldHF3FSKVConnector(vllm_hf3fs.HF3FSKVConnector):
+class HeldHF3FSKVConnector(vllm_hf3fs.HF3FSKVConnector):  # type: ignore[misc]
     """HF3FSKVConnector with the external service and CUDA replaced (module docstring)."""
 
     _async_manager: HeldAsyncOperationManager
@@ -205,7 +205,7 @@ class HeldHF3FSKVConnector(vllm_hf3fs.HF3FSKVConnector):
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         self._kv_caches = kv_caches
-        self._setup_kv_cache_config()  # type: ignore[no-untyped-call]
+        self._setup_kv_cache_config()
         self._rank = get_tensor_model_parallel_rank()  # as _setup_storage_clients (577)
         self._async_manager = HeldAsyncOperationManager(self)
 

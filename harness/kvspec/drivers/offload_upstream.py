@@ -47,7 +47,7 @@ CLASS_NAME = "HeldCPUOffloadingSpec"
 CPU_BYTES_TO_USE = 1 << 22
 
 
-class HeldStoreWorker(OffloadingWorker):
+class HeldStoreWorker(OffloadingWorker):  # type: ignore[misc]
     """Transfers of one rank: submitted jobs wait until `complete` (or `wait`) runs them."""
 
     def __init__(self, kv_caches: CanonicalKVCaches) -> None:
@@ -96,7 +96,7 @@ class HeldStoreWorker(OffloadingWorker):
         self.reset()
 
 
-class HeldCPUOffloadingSpec(CPUOffloadingSpec):
+class HeldCPUOffloadingSpec(CPUOffloadingSpec):  # type: ignore[misc]
     """The stock CPU spec (scheduler-side manager and sizing), with a CPU-tensor worker."""
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:

@@ -367,9 +367,9 @@ class _Recording:
         return out
 
 
-class NixlConnector(_Recording, _VllmNixl):
+class NixlConnector(_Recording, _VllmNixl):  # type: ignore[misc]
     """vLLM's NixlConnector, recorded."""
 
 
-class MultiConnector(_Recording, _VllmMulti):
+class MultiConnector(_Recording, _VllmMulti):  # type: ignore[misc]
     """vLLM's MultiConnector, recorded (its children are vLLM's own)."""
