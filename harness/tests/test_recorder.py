@@ -60,3 +60,56 @@ def test_a_read_spec_without_local_blocks_is_notify_only() -> None:
     assert _notify_only(SimpleNamespace(local_block_ids=[[3, 4], []])) is False
     assert _notify_only([]) is True and _notify_only([7, 8]) is False  # one flat group
     assert _notify_only(object()) is None  # the release's arguments do not say
+
+
+class _Nixl029:
+    """0.29's worker shape: get_finished pops the receives it reports; a failed one's
+    blocks come back from get_block_ids_with_load_errors (base_worker.py:2218-2228)."""
+
+    def __init__(self) -> None:
+        from types import SimpleNamespace
+
+        meta = SimpleNamespace
+        self.connector_worker = SimpleNamespace(
+            _read_blocks=None,
+            _recving_metadata={"d1": meta(local_block_ids=([1, 2],)),
+                               "d2": meta(local_block_ids=([3],)),
+                               "d3": meta(local_block_ids=([5],))},  # fmt: skip
+        )
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
+        md = self.connector_worker._recving_metadata
+        md.pop("d1"), md.pop("d2")
+        return set(), {"d1", "d2"}
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return {2}
+
+
+class _Recorded029(_Recording, _Nixl029):
+    def __init__(self, rec: Recorder) -> None:
+        _Nixl029.__init__(self)
+        self._kvspec_rec = rec
+
+
+def test_a_load_error_names_the_receive_whose_blocks_it_holds(tmp_path: Path) -> None:
+    """d1 failed (its block 2 is invalid), d2 did not, d3 is still loading; get_finished
+    popped d1 before the runner asked for the invalid blocks."""
+    conn = _Recorded029(Recorder("D", "kv_both", "worker", 0, 1, tmp_path))
+    assert conn.get_finished(set()) == (set(), {"d1", "d2"})
+    assert conn.get_block_ids_with_load_errors() == {2}
+    got = {e["call"]: e for e in _lines(tmp_path)}
+    assert got["get_transfer_results"]["result"]["failed_recving"] == []  # 0.29: none
+    assert (got["load_errors"]["reqs"], got["load_errors"]["result"]) == (
+        ["d1"], {"block_ids": [2]})  # fmt: skip
+
+
+def test_load_failed_reads_failed_recving_and_the_invalid_blocks() -> None:
+    from kvspec.drivers.vllm_adapters import TransferResults, load_failed
+
+    blocks = {"d1": frozenset({1, 2}), "d2": frozenset({3})}
+    res029 = TransferResults(set(), {"d1", "d2"}, set())
+    assert load_failed(res029, blocks, {2}) == {"d1"}
+    assert load_failed(res029, blocks, set()) == set()  # no invalid block: both received
+    res032 = TransferResults(set(), {"d1", "d2"}, {"d2"})
+    assert load_failed(res032, blocks, set()) == {"d2"}

@@ -421,3 +421,23 @@ def test_vllm_logs_go_to_the_file_and_verbose_keeps_them_on_the_terminal(
     out, err = capfd.readouterr()
     assert none is None and list(tmp_path.iterdir()) == [path]
     assert "Initializing KVConnectorBase_V1" in err and "Initialized NIXL agent" in out
+
+
+def test_a_logger_vllm_reconfigures_at_import_is_taken_back(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM 0.29 gives its "vllm" logger a stdout handler when vllm.logger is first
+    imported (logger.py:241), inside a vllm_logs block: vllm_api takes it back."""
+    vllm_logger = logging.getLogger("vllm")
+    for attr, value in (("handlers", []), ("propagate", True), ("level", logging.INFO)):
+        monkeypatch.setattr(vllm_logger, attr, value)
+    capfd.readouterr()
+    with vllm_env.vllm_logs("conform", log_dir=tmp_path) as path:
+        vllm_logger.handlers = [logging.StreamHandler(sys.stdout)]  # 0.29's import
+        vllm_logger.info("before the retake")
+        vllm_env._retake_loggers()
+        vllm_logger.info("after the retake")
+    out, _ = capfd.readouterr()
+    assert path is not None and "after the retake" in path.read_text()
+    assert "before the retake" in out and "after the retake" not in out  # negative control
+    assert [type(h) for h in vllm_logger.handlers] == [logging.StreamHandler]  # restored

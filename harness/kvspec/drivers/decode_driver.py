@@ -58,8 +58,9 @@ from kvspec.drivers.decode_seams import HeldHandshake, HeldReads
 from kvspec.drivers.vllm_adapters import (
     awaits,
     connector_output,
-    failed_recving,
+    load_failed,
     reap_expired,
+    recv_blocks,
     remote_rank,
     transfer_results,
     worker_copy,
@@ -92,6 +93,7 @@ def dreq(r: int) -> str:
 class DStep:
     so: Any
     outputs: list[Any] = field(default_factory=list)
+    failed: list[set[str]] = field(default_factory=list)  # per rank: vllm_adapters.load_failed
     ran: bool = False
 
 
@@ -213,9 +215,12 @@ class DecodeDriver:
             raise MissingAction("schedule: the step pipeline is full")
         self.steps.append(DStep(self.d.schedule()))
 
-    def _run_worker(self, t: int, so: Any, ends: dict[tuple[int, int], bool]) -> Any:
-        """D rank t's step; `ends`: the READs (r, p) it posts that end before its poll
-        (Decode.tla InStepEnd), ok or not, as the forward's time would let them."""
+    def _run_worker(
+        self, t: int, so: Any, ends: dict[tuple[int, int], bool]
+    ) -> tuple[Any, set[str]]:
+        """D rank t's step and its failed receives; `ends`: the READs (r, p) it posts that
+        end before its poll (Decode.tla InStepEnd), ok or not, as the forward's time would
+        let them."""
         api = self.p.c.api
         cons = self.p.c.consumers[t]
         cw = self.p.c.consumer_nixl(t).connector_worker
@@ -236,6 +241,7 @@ class DecodeDriver:
                          if rr == r and hd not in before}  # fmt: skip
                 for pp in sorted(fresh if pr == -1 else {pr}):
                     self.xfer_end(t, r, pp, ok)
+            blocks = recv_blocks(cw)
             res = transfer_results(cons, so.finished_req_ids)
             invalid = cons.get_block_ids_with_load_errors()
         finally:
@@ -249,7 +255,7 @@ class DecodeDriver:
                 failed_recving=res.failed_recving,
                 invalid_block_ids=set(invalid),
             ),
-        )
+        ), load_failed(res, blocks, set(invalid))
 
     def _source(self, t: int, hd: int) -> int:
         """The producer rank D rank t's READ `hd` reads (its remote side handle)."""
@@ -281,7 +287,8 @@ class DecodeDriver:
             for hs in self.hs:
                 if hs.state() != "done":
                     hs.deferred += len(meta.reqs_to_recv)
-        st.outputs = [self._run_worker(t, st.so, by_rank[t]) for t in range(self.T)]
+        runs = [self._run_worker(t, st.so, by_rank[t]) for t in range(self.T)]
+        st.outputs, st.failed = [o for o, _ in runs], [f for _, f in runs]
         st.ran = True
 
     def update(self) -> None:
@@ -425,7 +432,7 @@ class DecodeDriver:
                 "recv": rs(meta), "aw": rs(k for k, m in meta.items() if awaits(m)),
                 "ran": st.ran,
                 "out": {w: rs(kv[w].finished_recving or ()) for w in ranks} if kv else none,
-                "fail": {w: rs(failed_recving(kv[w])) for w in ranks} if kv else none,
+                "fail": {w: rs(st.failed[w]) for w in ranks} if kv else none,
                 "send": none,
             }  # fmt: skip
 

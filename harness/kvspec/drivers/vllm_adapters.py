@@ -116,6 +116,27 @@ def add_recv(meta: Any, rid: str, blocks: Any, params: dict[str, Any]) -> None:
     meta.add_new_req_to_recv(rid, blocks, params, **extra)
 
 
+def recv_blocks(worker: Any) -> dict[str, frozenset[int]]:
+    """Each receive registered on a NIXL worker (`_recving_metadata`) and its local blocks
+    of the first KV cache group: those NIXL marks invalid when it fails (0.32
+    base_worker.py:2914, 0.29 base_worker.py:2434). Taken before the report pops them."""
+    out: dict[str, frozenset[int]] = {}
+    for rid, meta in dict(getattr(worker, "_recving_metadata", None) or {}).items():
+        groups = getattr(meta, "local_block_ids", None) or ()
+        first = groups[0] if groups and isinstance(groups[0], (list, tuple)) else groups
+        out[str(rid)] = frozenset(int(b) for b in first)
+    return out
+
+
+def load_failed(res: TransferResults, blocks: dict[str, frozenset[int]],
+                invalid: set[int]) -> set[str]:  # fmt: skip
+    """A rank's failed receives in one report: failed_recving, and the finished ones whose
+    blocks it marked invalid: 0.29 reports a failure only so (no failed_recving; its
+    worker adds failed receives to done_recving, base_worker.py:2218-2228)."""
+    return res.failed_recving | {r for r in res.finished_recving
+                                 if blocks.get(r, frozenset()) & invalid}  # fmt: skip
+
+
 def failed_recving(output: Any) -> set[str]:
     """A KVConnectorOutput's failed receives; 0.29's output has no such field
     (`v1/outputs.py:291`)."""

@@ -147,7 +147,7 @@ def vllm_api() -> SimpleNamespace:
     hf3fs_child.register(found["KVConnectorFactory"].register_connector)
 
     offload_upstream.register()
-    _retake_nixl()
+    _retake_loggers()
     api = SimpleNamespace(**found)
     # As EngineCore does before it builds its request block hasher.
     api.init_none_hash(api.get_hash_fn_by_name("sha256"))
@@ -379,13 +379,16 @@ class _Redirect:
 _ACTIVE: list[_Redirect] = []  # the vllm_logs blocks in force, outermost first
 
 
-def _retake_nixl() -> None:
+def _retake_loggers() -> None:
     """NIXL configures its "nixl" logger when it is first imported (inside vllm_api(): vLLM
-    must import it itself, after setting UCX_RCACHE_MAX_UNRELEASED), replacing the handlers
-    a vllm_logs block installed: take it over again, saving NIXL's own set-up to restore."""
-    if _ACTIVE and logging.getLogger("nixl").handlers != [_ACTIVE[-1].handler]:
-        for r in _ACTIVE:
-            r.take("nixl")
+    must import it itself, after setting UCX_RCACHE_MAX_UNRELEASED), and vLLM 0.29 its
+    "vllm" logger (dictConfig at the import of vllm.logger, 0.29 logger.py:241; 0.32 only
+    in its entry points), replacing the handlers a vllm_logs block installed: take them
+    over again, saving their own set-up to restore."""
+    for name in CHATTY_LOGGERS:
+        if _ACTIVE and logging.getLogger(name).handlers != [_ACTIVE[-1].handler]:
+            for r in _ACTIVE:
+                r.take(name)
 
 
 @contextlib.contextmanager
@@ -401,7 +404,7 @@ def vllm_logs(
     ("Initializing KVConnectorBase_V1 ...", one per connector) propagate to the root logger
     and reach the terminal through logging.lastResort or whatever handler the host
     installed. NIXL's Python API gives the "nixl" logger a StreamHandler on stdout at
-    import (INFO: one "Initialized NIXL agent" per agent; see _retake_nixl). UCX and
+    import (INFO: one "Initialized NIXL agent" per agent; see _retake_loggers). UCX and
     NIXL's C++ core write to the file descriptors below Python's logging; in these runs
     they print nothing, and what they would print (errors) stays on the terminal.
     """

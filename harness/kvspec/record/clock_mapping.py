@@ -152,7 +152,10 @@ def _decode_events(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEve
                 and e.reqs and not e.result.get("notify_only")}  # fmt: skip
 
     out = []
+    errored: set[str] = set()  # D's receives a worker reported a load error for
     for e in events:
+        if e.engine in m.consumers and e.call == "load_errors":
+            errored |= set(e.reqs)
         if e.engine not in m.consumers or e.role != "scheduler":
             continue
         if e.call == "add_request" and e.result.get("remote_prefill"):
@@ -160,7 +163,9 @@ def _decode_events(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEve
             if r is not None:
                 out.append((e, ClockEvent("add", r=r, source=e)))
         elif e.call == "update_from_output":
-            failed = e.ids("failed_recving")
+            # 0.29 reports a failed load in finished_recving only, its blocks invalid
+            # (base_worker.py:2218-2228, 2422-2435): a load error is a failure too
+            failed = e.ids("failed_recving") | errored
             for rid in sorted(e.ids("finished_recving")):
                 r = r_of(rid)
                 if r is None:

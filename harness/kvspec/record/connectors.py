@@ -29,6 +29,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (
     NixlConnector as _VllmNixl,
 )
 
+from kvspec.drivers.vllm_adapters import recv_blocks
 from kvspec.record.log import DIR_ENV, Recorder
 
 _PATCHED = "_kvspec_recording"
@@ -103,6 +104,7 @@ def _after_update(sched: Any, rec: Recorder, out: Any, so: Any, mro: Any, *a: An
         finished_sending=_ids(getattr(kv, "finished_sending", None)),
         finished_recving=_ids(getattr(kv, "finished_recving", None)),
         failed_recving=_ids(getattr(kv, "failed_recving", None)),
+        invalid_block_ids=sorted(int(b) for b in getattr(kv, "invalid_block_ids", None) or ()),
     )  # fmt: skip
 
 
@@ -208,6 +210,10 @@ def _wrap_reads(connector: Any, rec: Recorder) -> None:
         return out
 
     worker._read_blocks = read_blocks
+
+
+def _recv_blocks(connector: Any) -> dict[str, frozenset[int]]:
+    return recv_blocks(_nixl_worker(connector))
 
 
 def _notify_only(read_spec: Any) -> bool | None:
@@ -347,7 +353,31 @@ class _Recording:
         self._kvspec_rec.emit("request_finished", reqs=[request.request_id],
                               delay=bool(out[0]), status=status, blocks=blocks)  # fmt: skip
 
+    # the receives registered on this rank at its last report (get_finished pops the ones
+    # it reports): which request a load error's blocks belong to
+    _kvspec_blocks: dict[str, frozenset[int]] = {}
+
+    def _snapshot_blocks(self) -> None:
+        try:
+            self._kvspec_blocks = _recv_blocks(self)
+        except Exception as exc:  # noqa: BLE001 - never raise into vLLM
+            self._kvspec_rec.emit("recorder_error", where="_recving_metadata", error=repr(exc))
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        # the runner calls it after the step's report (kv_connector_model_runner_mixin.py:100)
+        out: set[int] = super().get_block_ids_with_load_errors()  # type: ignore[misc]
+        if out:
+            try:
+                known = {**self._kvspec_blocks, **_recv_blocks(self)}
+                bad = {int(b) for b in out}
+                self._kvspec_rec.emit("load_errors", reqs=[r for r, b in known.items() if b & bad],
+                                      block_ids=sorted(bad))  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - never raise into vLLM
+                self._kvspec_rec.emit("recorder_error", where="load_errors", error=repr(exc))
+        return out
+
     def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+        self._snapshot_blocks()
         out = super().get_transfer_results(finished_req_ids)  # type: ignore[misc]
         self._kvspec_rec.emit(
             "get_transfer_results",
@@ -358,6 +388,8 @@ class _Recording:
         return out
 
     def get_finished(self, finished_req_ids: set[str]) -> Any:
+        if not hasattr(super(), "get_transfer_results"):
+            self._snapshot_blocks()
         out = super().get_finished(finished_req_ids)  # type: ignore[misc]
         # vLLM 0.29 has no get_transfer_results: its runner calls get_finished (a tuple).
         if not hasattr(super(), "get_transfer_results"):

@@ -138,6 +138,9 @@ def map_decode(events: list[Event], engine: str | None = None) -> DecodeMapped:
     # (rank, step) -> that rank's report; the READs it posted in that step
     report: dict[tuple[int, int], Event] = {}
     reads: dict[tuple[int, int], set[tuple[int, int]]] = defaultdict(set)
+    # the receives a rank reported a load error for by its k-th report (0.29 reports a
+    # failed load only so: in finished_recving, its blocks invalid, no failed_recving)
+    errored: dict[tuple[int, int], frozenset[str]] = defaultdict(frozenset)
     count: dict[int, int] = defaultdict(int)
     for e in sorted((e for e in events if e.engine == d and e.role == "worker"),
                     key=lambda e: (e.rank, e.pid, e.seq)):  # fmt: skip
@@ -149,6 +152,9 @@ def map_decode(events: list[Event], engine: str | None = None) -> DecodeMapped:
         elif e.call == "get_transfer_results":
             count[e.rank] += 1
             report[(e.rank, count[e.rank])] = e
+            errored[(e.rank, count[e.rank])] = errored[(e.rank, count[e.rank] - 1)]
+        elif e.call == "load_errors":  # after its step's report (the runner's order)
+            errored[(e.rank, count[e.rank])] |= set(e.reqs)
     exec_at: dict[tuple[int, int], DecodeEvent] = {}
     k = 1
     while all((w, k) in report for w in range(world)):
@@ -156,7 +162,7 @@ def map_decode(events: list[Event], engine: str | None = None) -> DecodeMapped:
         exec_at[(last.pid, last.seq)] = DecodeEvent(
             "execute",
             out=tuple(rs(report[(w, k)].ids("finished_recving")) for w in range(world)),
-            fail=tuple(rs(report[(w, k)].ids("failed_recving")) for w in range(world)),
+            fail=tuple(rs(_failed(report[(w, k)], errored[(w, k)])) for w in range(world)),
             reads=tuple(frozenset(reads[(w, k)]) for w in range(world)), source=last,
         )  # fmt: skip
         k += 1
@@ -183,6 +189,12 @@ def map_decode(events: list[Event], engine: str | None = None) -> DecodeMapped:
     kept, dropped = _drop_idle(log)
     return DecodeMapped(d, world, _producer_world(events, d), reqs, dict(start), kept, dropped,
                         d_capacity(sched, reqs, log))  # fmt: skip
+
+
+def _failed(report: Event, errored: frozenset[str]) -> frozenset[str]:
+    """A rank's failed receives in one report: failed_recving, and (0.29) the finished
+    ones it reported a load error for."""
+    return report.ids("failed_recving") | (report.ids("finished_recving") & errored)
 
 
 def d_capacity(sched: list[Event], reqs: dict[str, int], log: list[DecodeEvent]) -> int | None:

@@ -25,12 +25,17 @@ Calls: scheduler side `add_request` (`result.remote_prefill`: the request asks f
 from a producer, `do_remote_prefill`; then `result.remote_engine` and
 `result.remote_request_id`: the producer's engine and request id; `result.free`),
 `schedule` (`result.new`: newly scheduled ids),
-`update_from_output` (`result.finished_sending`, `finished_recving`, `failed_recving`:
-the aggregated connector output, empty when the step had none), `finish_requests`
+`update_from_output` (`result.finished_sending`, `finished_recving`, `failed_recving`,
+`invalid_block_ids`: the aggregated connector output, empty when the step had none),
+`finish_requests`
 (`result.status`), `request_finished` (`result.delay`, `result.status`, `result.blocks`:
 the KV blocks it holds then, every group's), `free_blocks`
 (`result.free`: free blocks after it); worker side `get_transfer_results` (the rank's
-finished_sending / finished_recving / failed_recving), `read` (a NIXL READ posted:
+finished_sending / finished_recving / failed_recving), `load_errors` (the rank's
+`get_block_ids_with_load_errors`, when not empty: `result.block_ids`, and `reqs` the
+receives registered on the rank, then or at its last report, that hold one of those blocks;
+0.29 reports a failed load this way only, in finished_recving with no failed_recving),
+`read` (a NIXL READ posted:
 `result.remote_request_id`, `result.remote_rank`, `result.notify_only`: it had no local
 block, so it only notified the producer: a full hit or an aborted request's cleanup),
 `heartbeat_send` (a decode worker's
