@@ -428,6 +428,9 @@ def test_a_logger_vllm_reconfigures_at_import_is_taken_back(
 ) -> None:
     """vLLM 0.29 gives its "vllm" logger a stdout handler when vllm.logger is first
     imported (logger.py:241), inside a vllm_logs block: vllm_api takes it back."""
+    # no enclosing block (under pytest the conformance conftest has one): restored below
+    # is then the logger's own set-up, not that block's file
+    monkeypatch.setattr(vllm_env, "_ACTIVE", [])
     vllm_logger = logging.getLogger("vllm")
     for attr, value in (("handlers", []), ("propagate", True), ("level", logging.INFO)):
         monkeypatch.setattr(vllm_logger, attr, value)
