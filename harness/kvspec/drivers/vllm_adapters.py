@@ -137,12 +137,6 @@ def load_failed(res: TransferResults, blocks: dict[str, frozenset[int]],
                                  if blocks.get(r, frozenset()) & invalid}  # fmt: skip
 
 
-def failed_recving(output: Any) -> set[str]:
-    """A KVConnectorOutput's failed receives; 0.29's output has no such field
-    (`v1/outputs.py:291`)."""
-    return set(getattr(output, "failed_recving", None) or ())
-
-
 def awaits(meta: Any) -> bool:
     """Whether D's worker awaits a receive entry (posts READs for it): `ReqMeta.awaiting_kvs`
     since 0.30; 0.29's entries have no such field: an entry with local blocks is read, one

@@ -212,10 +212,6 @@ def _wrap_reads(connector: Any, rec: Recorder) -> None:
     worker._read_blocks = read_blocks
 
 
-def _recv_blocks(connector: Any) -> dict[str, frozenset[int]]:
-    return recv_blocks(_nixl_worker(connector))
-
-
 def _notify_only(read_spec: Any) -> bool | None:
     """Whether `_read_blocks` was handed no local block: it then only sends "r:n" to the
     producer and posts no READ (a full hit, or an aborted request's cleanup entry;
@@ -359,7 +355,7 @@ class _Recording:
 
     def _snapshot_blocks(self) -> None:
         try:
-            self._kvspec_blocks = _recv_blocks(self)
+            self._kvspec_blocks = recv_blocks(_nixl_worker(self))
         except Exception as exc:  # noqa: BLE001 - never raise into vLLM
             self._kvspec_rec.emit("recorder_error", where="_recving_metadata", error=repr(exc))
 
@@ -368,7 +364,7 @@ class _Recording:
         out: set[int] = super().get_block_ids_with_load_errors()  # type: ignore[misc]
         if out:
             try:
-                known = {**self._kvspec_blocks, **_recv_blocks(self)}
+                known = {**self._kvspec_blocks, **recv_blocks(_nixl_worker(self))}
                 bad = {int(b) for b in out}
                 self._kvspec_rec.emit("load_errors", reqs=[r for r, b in known.items() if b & bad],
                                       block_ids=sorted(bad))  # fmt: skip
