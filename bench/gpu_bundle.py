@@ -6,10 +6,11 @@ CUDA torch but no package registry and takes at most 64 MiB per call (the device
 Why a bundle and not the wheels: vLLM 0.32's CUDA wheel is 327 MB (657 MB of compiled
 kernels, built for torch 2.13, while such an image ships its own CUDA torch), NIXL's CUDA 13
 wheel 59 MB. The conformance drivers never run a model, so the bundle carries:
-  vllm-py.tar.xz  vLLM's Python and metadata from the CUDA wheel, no compiled kernels; an
-                  empty `vllm/_C_stable_libtorch` stands in for the one platforms/cuda.py
-                  imports at module level (cuda.py:23), so the import of the CUDA platform,
-                  the scheduler, the connectors and the NIXL worker is vLLM's own code;
+  vllm-py.tar.xz  vLLM's Python and metadata from the CUDA wheel, no compiled kernels: an
+                  empty module stands in for each extension (platforms/cuda.py:23 imports
+                  vllm._C_stable_libtorch at module level, vllm_flash_attn raises ImportError
+                  without _vllm_fa2_C/_vllm_fa3_C), so the CUDA platform, the scheduler, the
+                  connectors and the NIXL worker are vLLM's own code;
   nixl.tar.xz     NIXL's CUDA 13 build with only the UCX and POSIX plugins and the shared
                   libraries they load (ldd closure; the EP kernels and the cloud plugins out);
   wheels/         the pure-Python/abi3 dependencies the vLLM driver imports that the image
@@ -38,15 +39,36 @@ PIP_TIMEOUT_S = 900
 LDD_TIMEOUT_S = 60
 KERNEL_STUB = '''"""kvspec GPU bundle: vLLM's CUDA kernels are left out (bench/gpu_bundle.py).
 
-platforms/cuda.py imports this module at top level to register its custom ops; the
-conformance drivers build schedulers, connectors and NIXL workers but never run a model,
-so no op of it is called. A driver path that needs one fails with AttributeError on
+vLLM imports its kernel extensions at module level to register their ops
+(platforms/cuda.py: vllm._C_stable_libtorch; vllm_flash_attn: _vllm_fa2_C / _vllm_fa3_C);
+the conformance drivers build schedulers, connectors and NIXL workers but never run a
+model, so no op of them is called. A driver path that needs one fails with AttributeError on
 torch.ops, which the suite reports as an error, never as a verdict.
 """
 '''
+# vLLM evaluates some capability queries of its kernels at import (w8a8_utils.py:
+# CUTLASS_BLOCK_FP8_SUPPORTED = cutlass_block_fp8_supported()); without the kernels the
+# honest answer is "unsupported", registered under the kernels' own op names.
+CAPABILITY_QUERIES = (
+    "cutlass_scaled_mm_supports_fp4",
+    "cutlass_scaled_mm_supports_fp8",
+    "cutlass_scaled_mm_supports_block_fp8",
+    "cutlass_group_gemm_supported",
+    "mxfp4_experts_quant_supported",
+)
+QUERY_STUB = f"""
+import torch
+
+_lib = torch.library.Library("_C", "FRAGMENT")
+for _name in {CAPABILITY_QUERIES!r}:
+    _lib.define(f"{{_name}}(int cuda_device_capability) -> bool")
+    _lib.impl(_name, lambda cuda_device_capability: False, "CompositeExplicitAutograd")
+"""
 # Parts of the vLLM wheel the drivers never import: model-kernel sources, the web UI, Rust.
+# Their Python stays: vLLM imports its own pynvml from third_party/ to pick the CUDA platform.
 VLLM_SKIP = re.compile(
-    r"^vllm/(third_party|vllm_flash_attn)/|^vllm/vllm-rs$|/static/|/configs/.*\.json$|\.(jpg|png)$"
+    r"^vllm/(third_party|vllm_flash_attn)/.*(?<!\.py)$|^vllm/vllm-rs$|/static/|/configs/.*\.json$"
+    r"|\.(jpg|png)$"
 )
 # NIXL parts no pull-mode KV transfer loads: expert-parallel kernels, tools, cloud plugins.
 NIXL_SKIP = re.compile(r"^(nixl_ep[^/]*|nixl_cu13\.scripts|nixl_cu13-[^/]*\.data)/|ucx_perftest")
@@ -74,13 +96,17 @@ def write_tar_xz(out: Path, members: Iterable[tuple[str, bytes, int]]) -> None:
 
 
 def vllm_members(wheel: Path) -> list[tuple[str, bytes, int]]:
-    out = [("vllm/_C_stable_libtorch.py", KERNEL_STUB.encode(), 0o644)]
+    out = []
     with zipfile.ZipFile(wheel) as z:
         for zi in z.infolist():
             n = zi.filename
-            if zi.is_dir() or n.endswith(".so") or VLLM_SKIP.search(n) or n.endswith("/RECORD"):
-                continue
-            out.append((n, z.read(zi), 0o644))
+            if n.endswith(".so"):  # a kernel extension: an empty module of its name
+                head, _, leaf = n.rpartition("/")
+                mod = f"{head}/{leaf.split('.')[0]}.py"
+                text = KERNEL_STUB + (QUERY_STUB if mod == "vllm/_C_stable_libtorch.py" else "")
+                out.append((mod, text.encode(), 0o644))
+            elif not (zi.is_dir() or VLLM_SKIP.search(n) or n.endswith("/RECORD")):
+                out.append((n, z.read(zi), 0o644))
     return out
 
 

@@ -55,6 +55,15 @@ from kvspec.doctor import doctor_report
 print(json.dumps(doctor_report(), indent=2))
 PY
 "$PY" -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
+"$PY" - <<'PY' || { echo "== the vllm driver cannot run on cuda here: stop"; exit 3; }
+import sys
+from kvspec.doctor import probe_driver
+from vllm.platforms import current_platform
+print("vLLM platform:", type(current_platform).__name__, current_platform.device_type)
+why = probe_driver("cuda")
+print("vllm driver on cuda:", why or "runs")
+sys.exit(1 if why else 0)
+PY
 set +e
 kvspec doctor --require vllm-cuda  # the reason, if CUDA cannot run; the steps below say more
 echo "== doctor exit $?"
