@@ -30,6 +30,10 @@ def test_pure_rank_layout() -> None:
     sharded, replicated = _row(2), _row(1)
     assert sharding.fixture_model(sharded, "kv2") == "mla"
     assert sharding.fixture_model(replicated, "kv2") == "kv2"
+    # On CUDA only MLA attention supports PCP (v1/attention/backend.py:341-342, 1025).
+    assert sharding.fixture_model(replicated, "kv2", "cuda") == "mla"
+    pcp1 = ModelRow("t-pcp1", "v0.30-shipped", "nixl", Topology(1, 1, 1), 1, 1, False)
+    assert sharding.fixture_model(pcp1, "kv2", "cuda") == "kv2"
     assert sharding.sharded_decode_tp(sharded) == 2
     assert sharding.sharded_decode_tp(replicated) == 0
     assert [sharding.transfer_rank(Topology(1, 1, 2), 2, w) for w in (0, 1)] == [0, 1]

@@ -144,8 +144,23 @@ def test_device_plans_register_the_caches_where_they_live() -> None:
         "VRAM",
         "stock",
     )
+    # CUDA's MLA backends refuse float32 (and PCP there needs MLA: sharding.fixture_model).
+    assert (cpu.dtype, cuda.dtype) == ("float32", "bfloat16")
     with pytest.raises(DriverUnavailable, match="'tpu' is unknown"):
         device_plan("tpu")
+
+
+def test_a_configuration_vllm_refuses_is_unavailable_not_a_crash() -> None:
+    from kvspec.drivers.vllm_env import DriverUnavailable, vllm_refusal
+
+    msg = "No valid attention backend found for cuda with X. Reasons: {...}.\nmore"
+    with pytest.raises(DriverUnavailable, match=r"refuses this configuration on cuda: No valid"):
+        with vllm_refusal("cuda"):
+            raise ValueError(msg)
+    # Negative control: any other error is a bug of the driver or of vLLM, and propagates.
+    with pytest.raises(KeyError):
+        with vllm_refusal("cuda"):
+            raise KeyError("x")
 
 
 @pytest.mark.parametrize(

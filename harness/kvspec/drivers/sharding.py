@@ -6,11 +6,19 @@ from __future__ import annotations
 from kvspec.matrix import ModelRow, Topology
 
 
-def fixture_model(row: ModelRow, model: str) -> str:
-    """The fixture a row runs: PCP + DCP sharded mode needs MLA, since vLLM asserts
-    "PD with decode_context_parallel_size > 1 is only supported for MLA models"
-    (config/vllm.py:1473-1491) and compute_tp_mapping scopes DCP to MLA (tp_mapping.py)."""
-    return "mla" if row.dcp > 1 else model
+def fixture_model(row: ModelRow, model: str, device: str = "cpu") -> str:
+    """The fixture a row runs. DCP needs MLA: vLLM asserts "PD with
+    decode_context_parallel_size > 1 is only supported for MLA models" (config/vllm.py:
+    1473-1491) and compute_tp_mapping scopes DCP to MLA (tp_mapping.py). On CUDA PCP needs
+    MLA too: the NIXL worker picks the attention backend when it is built (base_worker.py:
+    854, get_current_attn_backends) and the selector drops any backend whose impl lacks
+    supports_pcp (v1/attention/backend.py:341-342), which only MLAAttentionImpl has
+    (backend.py:1025); an OPT fixture with PCP 2 raised "No valid attention backend"
+    (platforms/cuda.py:470) on an H200. The CPU backend does not check it, and the
+    producer verdicts are the same with either fixture there (test_vllm_mla_pcp.py)."""
+    if row.dcp > 1 or (device == "cuda" and row.topology.pcp > 1):
+        return "mla"
+    return model
 
 
 def sharded(dcp: int, topo: Topology) -> bool:

@@ -27,7 +27,7 @@ def kv_cache_config(api: SimpleNamespace, cfg: Any) -> Any:
             block_size=BLOCK_SIZE,
             num_kv_heads=max(1, heads // tp),
             head_size=HEAD_SIZE,
-            dtype=api.torch.float32,
+            dtype=cfg.model_config.dtype,  # the fixture's (DevicePlan.dtype)
         )
     kc = api.get_kv_cache_config_from_groups(cfg, [api.KVCacheGroupSpec(layers, spec)], 1 << 30)
     cfg.cache_config.num_gpu_blocks = kc.num_blocks
@@ -63,7 +63,7 @@ def _mla_spec(api: SimpleNamespace, cfg: Any) -> Any:
         "block_size": BLOCK_SIZE,
         "num_kv_heads": 1,
         "head_size": int(cfg.model_config.get_head_size()),
-        "dtype": api.torch.float32,
+        "dtype": cfg.model_config.dtype,
         "cache_dtype_str": "auto",
         "max_tp_shards": 1,  # 0.32: not split over TP (a release without it has no field)
     }

@@ -68,6 +68,7 @@ from kvspec.drivers.vllm_env import (
     DriverUnavailable,
     check_device,
     device_plan,
+    vllm_refusal,
     free_port,
     keep_affinity,
     serve_handshake_metadata,
@@ -101,7 +102,7 @@ def pool_key(
         device,
         decode,
         decode_tp or row.topology.tp,
-        fixture_model(row, model),
+        fixture_model(row, model, device),
         row.dcp,
     )
 
@@ -251,7 +252,7 @@ def build_cluster(
     plan = device_plan(device)
     api = check_device(device)
     topo = row.topology
-    model = fixture_model(row, model)
+    model = fixture_model(row, model, device)
     dtp = decode_tp or sharded_decode_tp(row) or topo.tp
     if topo.pp != 1:
         raise DriverUnavailable(PP_UNAVAILABLE)
@@ -359,7 +360,7 @@ def _build_producers(
         coords = topo.rank_coords(w)
         cfg.parallel_config.rank = w  # read once, by the offloading spec's config
         ident = tp_identity(coords.tp, topo.tp, coords.pcp)
-        with api.set_current_vllm_config(cfg), keep_affinity(), ident:
+        with api.set_current_vllm_config(cfg), keep_affinity(), ident, vllm_refusal(plan.device):
             conn = api.KVConnectorFactory.create_connector(
                 config=cfg, role=api.KVConnectorRole.WORKER, kv_cache_config=kc
             )

