@@ -68,12 +68,12 @@ from kvspec.drivers.vllm_env import (
     DriverUnavailable,
     check_device,
     device_plan,
-    vllm_refusal,
     free_port,
     keep_affinity,
     serve_handshake_metadata,
     tp_identity,
     vllm_config,
+    vllm_refusal,
 )
 from kvspec.drivers.vllm_inbox import NotifInbox, SentToProducer, Waits
 from kvspec.matrix import ModelRow, Topology
