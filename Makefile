@@ -8,7 +8,7 @@ STAMP_BASE := $(VENV)/.stamp-base
 STAMP_VLLM := $(VENV)/.stamp-vllm
 STAMP_TLA := $(VENV)/.stamp-tla
 
-.PHONY: venv venv-vllm test test-full lint review e2e versions e2e-versions clean
+.PHONY: venv venv-vllm test test-full lint review e2e versions e2e-versions gpu-bundle clean
 
 $(STAMP_BASE): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -101,3 +101,9 @@ e2e-versions: venv-vllm
 
 clean:
 	rm -rf build report .venv
+
+# What bench/gpu_check.sh --bundle installs on a GPU machine with a CUDA torch and no package
+# registry (.gpu/, 37 MiB), then its import path checked here with the CUDA platform forced.
+gpu-bundle: venv-vllm
+	$(PY) bench/gpu_bundle.py --out .gpu
+	$(PY) bench/gpu_bundle_check.py --bundle .gpu
