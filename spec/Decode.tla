@@ -43,7 +43,7 @@ CONSTANTS
     Bug           \* "none" (0.32 as shipped) or a bug of the history re-introduced
 
 Bugs == {"none", "abort-frees-at-once", "full-hit-registered", "failure-only-logged",
-         "notify-local-id", "count-tp-only", "second-child-recv"}
+         "notify-local-id", "count-tp-only", "second-child-recv", "v0.29-register-all"}
 
 ASSUME
     /\ DTP \in {1, 2} /\ PTP \in {1, 2}
@@ -229,6 +229,14 @@ Fresh(w, m) == {<<w, e[1], p>> : e \in {x \in Go(w, m) : x[2]}, p \in Reads(w)}
 Ends == IF ~InStepEnd THEN {"proc"} ELSE IF ReadFail THEN {"proc", "done", "err"}
         ELSE {"proc", "done"}
 
+\* The entries worker w registers in _recving_metadata. 0.30+: the awaited ones (PW:73-74).
+\* v0.29-register-all, vLLM 0.29's design, not a bug: every entry of reqs_to_recv, the
+\* notify-only cleanup of a request aborted before D scheduled it included ("always store
+\* metadata for failure recovery", 0.29 pull_worker.py:64-65). Such an entry is never
+\* awaited, so never done, so never popped (0.29 base_worker.py:2244): a leak of metadata
+\* on every D worker, not of blocks.
+Registered(m) == IF Bug = "v0.29-register-all" THEN m.recv ELSE m.aw
+
 (* end[<<w, r, p>>]: the state at the poll of each READ posted this step.  *)
 RankExec(w, m, end) ==
     LET ready == hsd[w] = "done"
@@ -245,7 +253,7 @@ RankExec(w, m, end) ==
         done == {r \in xf1 : \A p \in PRanks : posted[r][p] # "proc"} \cup hf
         bad == {r \in done : \E p \in PRanks : posted[r][p] = "err"} \cup hf
         rep == IF Bug = "failure-only-logged" THEN done \ bad ELSE done
-    IN [reg |-> (reg[w] \cup m.aw \cup aw) \ done,
+    IN [reg |-> (reg[w] \cup Registered(m) \cup aw) \ done,
         xf |-> xf1 \ done,
         h |-> [r \in Reqs |-> IF r \in done THEN [p \in PRanks |-> "none"] ELSE posted[r]],
         out |-> rep \cup echo,

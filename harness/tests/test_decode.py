@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from kvspec.decode import BUGS, DECODE
+from kvspec.decode import BUGS, DECODE, DESIGNS, design_verdicts
 from kvspec.sweep import Sweep, check_sweep_row, load_sweep_matrix
 from sweep_checks import assert_bad_matrix_is_one_line_and_exit_2
 
@@ -20,12 +20,13 @@ needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="java not i
 
 
 def test_every_bug_is_a_known_bad_row_and_shipped_rows_hold() -> None:
-    bad = {r.consts["Bug"] for r in ROWS.values() if r.consts["Bug"] != "none"}
-    assert bad == set(BUGS) - {"none"}
+    bad = {r.consts["Bug"] for r in ROWS.values() if r.consts["Bug"] not in DESIGNS}
+    assert bad == set(BUGS) - set(DESIGNS)
     for r in ROWS.values():
         violated = [p for p, v in r.expect.items() if v == "violated" and not p.startswith("Reach")]
-        if r.consts["Bug"] != "none":
+        if r.consts["Bug"] not in DESIGNS:
             assert violated, f"{r.name}: a known-bad design must fail"
+    assert {r.consts["Bug"] for r in ROWS.values()} >= set(DESIGNS)
     # P TP x D TP in {1, 2}, both policies, MLA, both compositions
     shipped = [r for r in ROWS.values() if r.consts["Bug"] == "none"]
     assert {(r.consts["PTP"], r.consts["DTP"]) for r in shipped} == {(1, 1), (1, 2), (2, 1), (2, 2)}
@@ -104,3 +105,14 @@ def test_a_failed_handshakes_report_is_not_labelled_an_in_step_read_end(tmp_path
                 blind = {**a, "hfl": {0: frozenset()}}
                 seen += bool(in_step_ends(blind, b))
     assert seen > 0
+
+
+def test_a_design_conforms_only_when_every_trace_of_its_rows_conforms() -> None:
+    rows = {"a": "0.30+", "b": "0.30+", "c": "0.29"}
+    counts = {("a", "conforms"): 3, ("b", "conforms"): 2, ("c", "conforms"): 1,
+              ("c", "diverges"): 1}  # fmt: skip
+    assert design_verdicts(rows, counts) == {"0.29": "diverges", "0.30+": "conforms"}
+    # A wait that timed out twice is inconclusive, never a verdict either way.
+    assert design_verdicts({"a": "x"}, {("a", "conforms"): 1, ("a", "inconclusive"): 1}) == {
+        "x": "inconclusive"
+    }

@@ -72,6 +72,25 @@ def test_the_installed_decode_engine_conforms(row: str) -> None:
         pytest.skip(f"inconclusive (waits expired): {'; '.join(inconclusive[:3])}")
 
 
+def test_0_32_diverges_from_0_29s_design_at_the_registered_cleanup() -> None:
+    """0.29 registers every receive entry, an aborted request's notify-only cleanup
+    included, and never pops it (Decode.tla Registered): 0.32 registers only awaited
+    entries, so it diverges from 0.29's design at `reg`, on an execute step, and only
+    there: a trace without such a cleanup conforms to both (0.29's own venv conforms to
+    every trace of the row: README, "0.29's decode side")."""
+    diverged, conformed = None, 0
+    for name, srow, trace in _traces("conf-decode-d1-fail-v0.29"):
+        res = replay_with_retry(trace, lambda srow=srow: DecodeDriver(srow))  # type: ignore[misc]
+        if res.divergence is not None and diverged is None:
+            diverged = (name, res.divergence)
+        conformed += res.divergence is None and res.timeout is None
+        if diverged is not None and conformed:
+            break
+    assert diverged is not None, "0.32 conformed to 0.29's design"
+    assert "(execute): reg:" in diverged[1], diverged
+    assert conformed, "no trace of 0.29's design conforms on 0.32: more than `reg` differs"
+
+
 def test_negative_control_a_wrong_state_diverges() -> None:
     name, row, trace = next(t for t in _traces("conf-decode-d1-fail") if len(t[2]) > 4)
     bad = copy.deepcopy(trace)

@@ -58,3 +58,7 @@ def test_the_decode_side_and_conform_share_the_runner(tmp_path: Path) -> None:
     doc = {"verdict": "conforms", "rows": {"a": 1}}
     says = _fake_python(tmp_path, f"for a; do last=$a; done; echo '{json.dumps(doc)}' > $last")
     assert decode_side(says, tmp_path) == ("conforms", {"a": 1})
+    # It names the Decode.tla design(s) that admit every trace (0.29's is not 0.30+'s).
+    doc = {"verdict": "conforms", "conforms_to": ["0.29"], "rows": {}}
+    says = _fake_python(tmp_path, f"for a; do last=$a; done; echo '{json.dumps(doc)}' > $last")
+    assert decode_side(says, tmp_path) == ("conforms to 0.29", {})
