@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvspec.decode import BUGS, DECODE
+from kvspec.decode import BUGS, DECODE, DESIGNS
 from kvspec.record.decode_mapping import DecodeEvent, DecodeMapped, map_decode
 from kvspec.record.log import Event
 from kvspec.record.mapping import MappingError
@@ -137,4 +137,4 @@ def print_decode(v: DecodeValidation) -> None:
     print(f"decode engine {m.consumer} (D TP {m.world}, P TP {m.producer_world}); "
           f"{len(m.requests)} P/D requests, {len(m.log)} spec events")  # fmt: skip
     print_designs(v.designs, [event_line(e) for e in m.log], SHOWN_DECODE,
-                  lambda b: "0.32 as shipped" if b == "none" else f"bug {b}", 32)  # fmt: skip
+                  lambda b: f"design {DESIGNS[b]}" if b in DESIGNS else f"bug {b}", 32)  # fmt: skip
