@@ -225,3 +225,13 @@ def test_doctor_require_fails_for_a_driver_that_cannot_run(
         assert cli.main(["doctor", "--require", "vllm-cuda"]) == 1
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "vllm-cuda: cannot run here: " in err
+
+
+def test_doctor_require_asks_about_drivers_not_tlc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU machine with no java runs the drivers: --require reference passes there, while
+    a plain doctor still fails (exit 2) without TLC's java."""
+    from kvspec import doctor
+
+    monkeypatch.setattr(doctor, "_java", lambda: {"error": "java not found"})
+    assert cli.main(["doctor", "--require", "reference"]) == 0
+    assert cli.main(["doctor"]) == 2  # the negative control: java still matters to TLC
