@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,13 @@ MODEL_CONFIG = {
     "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "float32",
     "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
 }  # fmt: skip
+# "mla": the drivers' DeepSeek-V2-shaped fixture, whose layers are all dense
+# (first_k_dense_replace = num_hidden_layers): vLLM 0.32 runs PCP only with MLA attention on
+# CUDA (the selector drops backends without supports_pcp, v1/attention/backend.py:341-342).
+MODEL_CONFIGS = {
+    "llama": MODEL_CONFIG,
+    "mla": json.loads((files("kvspec") / "data" / "tiny-deepseek-mla" / "config.json").read_text()),
+}
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,7 @@ class Scenario:
     device: str = "cpu"  # "cuda": GPU runners only (bench/gpu_check.sh)
     child: str = "ExampleConnector"  # MultiConnector's second child
     pcp: int = 1  # the producer's prefill_context_parallel_size (CUDA only)
+    model: str = "llama"  # MODEL_CONFIGS: the config.json both engines load (dummy weights)
     # D first runs this many local requests of `filler_tokens` tokens with one run slot
     # (max_num_seqs 1), so the remote ones wait in D's queue and D heartbeats them
     queued: int = 0
@@ -92,6 +101,8 @@ SCENARIOS = {
         Scenario("pd-basic", "P -> D over NIXL, 2 requests, async scheduling requested",
                  lease=120),
         Scenario("pd-sync", "P -> D over NIXL, 2 requests, synchronous scheduling", sync=True),
+        Scenario("pd-mla", "P -> D over NIXL with an MLA model (DeepSeek-V2-shaped, CPU_MLA)",
+                 model="mla", lease=120),
         Scenario("pd-abort", "P -> D, 3 requests; the client aborts the second on P at once",
                  requests=3, abort=(1,), lease=120),
         Scenario("pd-tp2", "P at TP 2 -> D at TP 1: D READs from both producer ranks",
@@ -141,8 +152,8 @@ SCENARIOS = {
                  connector="MultiConnector", child="OffloadingConnector", device="cuda",
                  lease=120),
         Scenario("gpu-pcp2-offload", "the seed's production shape: PCP 2 producer, NIXL + "
-                 "OffloadingConnector (needs 2 GPUs)", connector="MultiConnector",
-                 child="OffloadingConnector", device="cuda", pcp=2, lease=120),
+                 "OffloadingConnector, an MLA model (needs 2 GPUs)", connector="MultiConnector",
+                 child="OffloadingConnector", device="cuda", pcp=2, lease=120, model="mla"),
     )
 }  # fmt: skip
 
@@ -241,7 +252,7 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
     t0 = time.monotonic()
     model = out / "model"
     model.mkdir(parents=True, exist_ok=True)
-    (model / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    (model / "config.json").write_text(json.dumps(MODEL_CONFIGS[sc.model]))
     rec = out / "record"
     for f in rec.glob("*.ndjson"):
         f.unlink()

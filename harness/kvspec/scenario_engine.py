@@ -53,8 +53,10 @@ def engine_args(a: argparse.Namespace) -> dict[str, Any]:
     return {
         **gpu,
         "model": a.model, "load_format": "dummy", "skip_tokenizer_init": True,
-        # float32: bfloat16 + NIXL crashes the CPU AMX attention kernel (shared facts)
-        "dtype": "float32", "block_size": 32, "max_model_len": 256, "enforce_eager": True,
+        # CPU float32: bfloat16 + NIXL crashes the CPU AMX attention kernel (shared facts);
+        # CUDA bfloat16: its MLA backends refuse float32, FlashAttention too
+        "dtype": "bfloat16" if a.device == "cuda" else "float32",
+        "block_size": 32, "max_model_len": 256, "enforce_eager": True,
         "max_num_seqs": a.max_seqs, "enable_prefix_caching": False, "seed": 0,
         "tensor_parallel_size": a.tp, "async_scheduling": not a.sync, **pool,
         "prefill_context_parallel_size": a.pcp,

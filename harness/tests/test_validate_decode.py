@@ -18,7 +18,7 @@ from kvspec.validate_decode import check_bug
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = REPO / "conformance" / "recorded"
-RUNS = ("pd-basic", "pd-sync", "pd-abort", "pd-tp2", "pd-multi", "pd-decode-abort")
+RUNS = ("pd-basic", "pd-sync", "pd-abort", "pd-tp2", "pd-multi", "pd-decode-abort", "pd-mla")
 
 
 def _events(name: str) -> list[Event]:
