@@ -119,15 +119,16 @@ def conform(args: argparse.Namespace) -> int:
     for d, v in per.items():
         print(f"design {d}: {v}")
     print(f"the installed vLLM's decode side conforms to Decode.tla's design {', '.join(held)}"
-          if held else "no decode-side design of Decode.tla admits every trace (see above)")
+          if held else "no decode-side design of Decode.tla admits every trace (see above)"
+          if rows else "no decode trace was driven here (see above): no verdict")  # fmt: skip
     if args.json is not None:
-        verdict = "conforms" if held else (
+        verdict = "conforms" if held else "not driven" if not rows else (
             "diverges" if "diverges" in per.values() else "inconclusive")  # fmt: skip
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"verdict": verdict, "designs": per, "conforms_to": held,
                                          "rows": table, "not_driven": not_driven},
                                         indent=1) + "\n")  # fmt: skip
-    return 0 if held else 1
+    return 0 if held or not rows else 1  # nothing driven: said so, and no verdict
 
 
 def design_verdicts(
