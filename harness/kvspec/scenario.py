@@ -107,6 +107,9 @@ SCENARIOS = {
                  requests=3, abort=(1,), lease=120),
         Scenario("pd-tp2", "P at TP 2 -> D at TP 1: D READs from both producer ranks",
                  tp=2, lease=120),
+        Scenario("pd-tp2-mla", "MLA, P at TP 2 -> D at TP 1: D READs producer rank 0 and "
+                 "sends rank 1 a notify-only message (pull_worker.py)", tp=2, lease=120,
+                 model="mla"),
         Scenario("pd-multi", "P -> D, both engines MultiConnector(NIXL, ExampleConnector): "
                  "the in-tree child stores on P and finds nothing to load on D",
                  connector="MultiConnector", lease=120),

@@ -53,7 +53,8 @@ def constants(m: DecodeMapped, bug: str) -> dict[str, str]:
     reqs = ", ".join(str(r) for r in range(1, max(1, len(m.requests)) + 1))
     return {
         "Reqs": "{" + reqs + "}", "DTP": str(m.world), "PTP": str(m.producer_world),
-        "MLA": "FALSE", "Policy": f'"{policy}"', "ReadFail": "TRUE", "FullHit": "TRUE",
+        "MLA": "TRUE" if m.start.get("mla") else "FALSE", "Policy": f'"{policy}"',
+        "ReadFail": "TRUE", "FullHit": "TRUE",
         "Abort": "TRUE", "Composition": f'"{composition(m.start)}"',
         "AsyncScheduling": "TRUE" if m.start.get("async_scheduling") else "FALSE",
         "Handshake": "TRUE", "InStepEnd": "TRUE", "Bug": f'"{bug}"',

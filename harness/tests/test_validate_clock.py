@@ -144,3 +144,13 @@ def test_a_real_heartbeat_kept_lease_with_a_late_producer_is_admitted(tmp_path: 
     assert (verdict, explained, safe) == ("admitted", len(log), "safe")
     free = _first(log, lambda e: e.a == "execute" and any(e.out))
     assert log[free].t > 2 * 6  # freed more than two leases after request_finished
+
+
+def test_mla_with_notify_only_ranks_is_not_mapped_onto_the_clock() -> None:
+    # pd-tp2-mla: D READs producer rank 0 only and notifies rank 1; KVClock has a READ per
+    # producer rank, so the mapping refuses the run (one line, no verdict) rather than have
+    # TLC reject a correct run at D's receive.
+    with pytest.raises(MappingError, match="MLA with P TP > D TP"):
+        map_clock(_recorded("pd-tp2-mla"))
+    # Negative control: the same shape without MLA (pd-tp2: D READs both ranks) maps.
+    assert map_clock(_recorded("pd-tp2"), lease_s=120).log  # recorded before the lease was

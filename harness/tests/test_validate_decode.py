@@ -18,7 +18,8 @@ from kvspec.validate_decode import check_bug
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = REPO / "conformance" / "recorded"
-RUNS = ("pd-basic", "pd-sync", "pd-abort", "pd-tp2", "pd-multi", "pd-decode-abort", "pd-mla")
+RUNS = ("pd-basic", "pd-sync", "pd-abort", "pd-tp2", "pd-multi", "pd-decode-abort", "pd-mla",
+        "pd-tp2-mla")
 
 
 def _events(name: str) -> list[Event]:
@@ -43,6 +44,17 @@ def test_the_recorded_decode_engines_are_0_32s_design(name: str, tmp_path: Path)
     assert meta["decode_admitted_by"] == "none"
     events = _events(name)
     assert _verdict(events, tmp_path) == ("admitted", len(map_decode(events).log))
+
+
+def test_mla_reads_one_producer_rank_and_needs_the_mla_constant(tmp_path: Path) -> None:
+    # pd-tp2-mla: D (TP 1) READs producer rank 0 only; rank 1 gets a notify-only message.
+    # The recorder's start says mla, and DecodeTrace admits the run with MLA (above); read
+    # as a plain model (MLA FALSE: a READ from each producer rank) it is rejected at the
+    # execute that posted the READs from rank 0 alone (the negative control).
+    events = _events("pd-tp2-mla")
+    first = _at(events, lambda e: e.a == "execute" and any(e.reads))
+    assert all(w == 0 for step in map_decode(events).log[first].reads for _r, w in step)
+    assert _verdict(events, tmp_path, extra={"MLA": "FALSE"}) == ("rejected", first)
 
 
 def test_a_read_ending_in_the_step_that_posted_it_needs_in_step_end(tmp_path: Path) -> None:

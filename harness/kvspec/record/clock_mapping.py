@@ -24,6 +24,7 @@ P had reaped it.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from kvspec.record.log import Event
@@ -187,12 +188,24 @@ def _key(e: Event) -> tuple[int, int, int]:
     return (e.t_ns, e.pid, e.seq)
 
 
+def _mla_notify_only(events: list[Event], producer: str, consumers: Iterable[str]) -> bool:
+    """The recording's MLA flag (the recorder's "start") with a D of smaller TP than P."""
+    starts = {e.engine: e.result for e in events if e.call == "start"}
+    p = starts.get(producer, {})
+    return bool(p.get("mla")) and any(
+        int(p.get("tp", 1)) > int(starts.get(c, {}).get("tp", 1)) for c in consumers)
+
+
 def map_clock(events: list[Event], lease_s: int | None = None) -> ClockMapped:
     m = map_recording(events, drop=False)
     lease = lease_of(m.start, lease_s)
     if len(m.consumers) > 1:
         raise MappingError(f"{len(m.consumers)} decode engines read from {m.producer}: "
                            "KVClock models one")  # fmt: skip
+    if _mla_notify_only(events, m.producer, m.consumers):
+        raise MappingError("MLA with P TP > D TP: D READs one producer rank and sends the "
+                           "others a notify-only message (pull_worker.py:369-391); KVClock "
+                           "has a READ per producer rank")  # fmt: skip
     placed: list[tuple[tuple[int, int, int], int, ClockEvent]] = []
     for n, e in enumerate(m.log):
         if e.a == "recv" or e.source is None:  # KVTrace's "READ posted" observation

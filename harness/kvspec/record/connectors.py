@@ -161,6 +161,8 @@ def _describe(connector: Any, vllm_config: Any) -> dict[str, Any]:
                                          False)),
         "tp": int(p.tensor_parallel_size), "pp": int(p.pipeline_parallel_size),
         "pcp": int(getattr(p, "prefill_context_parallel_size", 1) or 1),
+        # Decode.tla's MLA: P TP > D TP reads one rank, notify-only to the rest
+        "mla": bool(getattr(getattr(vllm_config, "model_config", None), "use_mla", False)),
         "vllm": str(getattr(vllm, "__version__", "?")),
         # the NIXL scheduler's kv_lease_duration (base_scheduler.py:82-86): the clock's tick
         "lease": _lease(connector),
