@@ -30,8 +30,7 @@ class ReleaseResult:
     error: str = ""
     # The decode side (`kvspec decode --conform`, every conformance/decode.toml row):
     # "conforms to" the Decode.tla designs it follows (0.29's, 0.30+'s), "diverges" (first
-    # trace per row),
-    # "inconclusive", or why it did not run.
+    # trace per row), "inconclusive", or why it did not run.
     decode: str = "not run"
     decode_rows: dict[str, object] | None = None
     # Real engines of the release (`kvspec scenario`, --scenario): name -> verdict

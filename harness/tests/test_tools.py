@@ -157,10 +157,14 @@ def test_a_configuration_vllm_refuses_is_unavailable_not_a_crash() -> None:
     with pytest.raises(DriverUnavailable, match=r"refuses this configuration on cuda: No valid"):
         with vllm_refusal("cuda"):
             raise ValueError(msg)
-    # Negative control: any other error is a bug of the driver or of vLLM, and propagates.
+    # Negative controls: any other error is a bug of the driver or of vLLM, and propagates;
+    # so does a ValueError on CPU, where every row builds.
     with pytest.raises(KeyError):
         with vllm_refusal("cuda"):
             raise KeyError("x")
+    with pytest.raises(ValueError, match="No valid"):
+        with vllm_refusal("cpu"):
+            raise ValueError(msg)
 
 
 @pytest.mark.parametrize(

@@ -130,13 +130,16 @@ def device_unavailable_reason(
 
 @contextlib.contextmanager
 def vllm_refusal(device: str) -> Iterator[None]:
-    """A ValueError from vLLM while the driver builds a connector is vLLM refusing the
-    configuration (platforms/cuda.py:470 "No valid attention backend found"): the row is
-    one vLLM does not run on `device`, so DriverUnavailable (conform's "unavailable"),
-    never a verdict and never a crash of the whole run."""
+    """A ValueError from vLLM while the driver builds a connector on a GPU is vLLM refusing
+    the configuration there (platforms/cuda.py:470 "No valid attention backend found"): the
+    row is one vLLM does not run on `device`, so DriverUnavailable (conform's
+    "unavailable"), never a verdict and never a crash of the whole run. On CPU every row
+    builds (make test replays them all), so a ValueError there is a bug and propagates."""
     try:
         yield
     except ValueError as exc:
+        if device == "cpu":
+            raise
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DriverUnavailable(f"vLLM refuses this configuration on {device}: {first}") from exc
 
