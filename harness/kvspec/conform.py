@@ -13,6 +13,10 @@ notification on a loaded machine) is retried with longer waits (replay.retry_tim
 then counted inconclusive: neither conforming nor diverging. A variant with inconclusive
 traces and no divergence "conforms on N, inconclusive on M", never "does not conform".
 
+A trace whose replay raised anything else (vLLM or the driver failed: a kernel the GPU
+bundle lacks, a harness bug) is **errored**: named with its exception, its traceback in the
+log, neither a verdict nor the end of the run; the run then exits 1.
+
 The reference driver conforms to each trace's own variant by construction (traces are
 generated from it); the interesting run is `--driver vllm`.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,9 +72,11 @@ class VariantResult:
     traces: int = 0  # replayed (with stop_at_first, up to the first divergence)
     conforming: int = 0
     inconclusive: int = 0  # every attempt timed out
+    errored: int = 0  # the replay raised (not MissingAction/WaitTimeout): no verdict
     retries: int = 0  # replays beyond the first, over all traces
     first_divergence: dict[str, JSON] | None = None
     first_timeout: dict[str, JSON] | None = None
+    first_error: dict[str, JSON] | None = None
     # Models the driver cannot build here (DriverUnavailable: e.g. PCP + DCP sharded mode):
     # model -> why. Their traces are skipped, counted, and decide nothing.
     not_driven: dict[str, str] = field(default_factory=dict)
@@ -77,7 +84,7 @@ class VariantResult:
 
     @property
     def diverging(self) -> int:
-        return self.traces - self.conforming - self.inconclusive
+        return self.traces - self.conforming - self.inconclusive - self.errored
 
     def add(self, trace: str, result: ReplayResult) -> None:
         self.traces += 1
@@ -93,12 +100,22 @@ class VariantResult:
         else:
             self.conforming += 1
 
+    def add_error(self, trace: str, exc: Exception) -> None:
+        """The replay of `trace` raised `exc`: counted, the first one named."""
+        self.traces += 1
+        self.errored += 1
+        if self.first_error is None:
+            first = str(exc).splitlines()[0][:300] if str(exc) else ""
+            self.first_error = {"trace": trace, "error": type(exc).__name__, "message": first}
+
     def to_json(self) -> dict[str, JSON]:
         return {
             "traces": self.traces,
             "conforming": self.conforming,
             "diverging": self.diverging,
             "inconclusive": self.inconclusive,
+            "errored": self.errored,
+            "first_error": self.first_error,
             "retries": self.retries,
             "first_divergence": self.first_divergence,
             "first_timeout": self.first_timeout,
@@ -150,7 +167,9 @@ def conform(
 ) -> dict[str, VariantResult]:
     """Replay traces per variant (accumulating into `into` when given); with stop_at_first
     a variant stops at its first divergence (a timeout does not stop it). A model the
-    driver cannot build is not driven: its traces are skipped and named, never a verdict."""
+    driver cannot build is not driven: its traces are skipped and named, never a verdict.
+    A replay that raised anything else is errored (logged with its traceback) and the
+    next trace runs: one broken path must not hide the verdicts of the others."""
     out: dict[str, VariantResult] = {} if into is None else into
     for trace in traces:
         res = out.setdefault(design(trace.row), VariantResult())
@@ -164,6 +183,10 @@ def conform(
         except DriverUnavailable as exc:
             res.not_driven[trace.row.name] = str(exc)
             res.skipped += 1
+            continue
+        except Exception as exc:  # noqa: BLE001 - any failure of one replay, named per trace
+            logging.getLogger("kvspec.conform").exception("replay of %s raised", trace.name)
+            res.add_error(trace.name, exc)
             continue
         res.add(trace.name, got)
     return out
@@ -210,7 +233,7 @@ def report(
     """One verdict line per variant: those without a divergence first; a variant none of
     whose traces could be driven decides nothing."""
     ok = [v for v in DESIGNS if v in results and results[v].first_divergence is None
-          and results[v].traces > 0]  # fmt: skip
+          and results[v].traces > results[v].errored]  # fmt: skip
     lines = [_conforms_line(impl, v, results[v], violations.get(v)) for v in ok]
     for v in DESIGNS:
         d = results[v].first_divergence if v in results else None
@@ -221,6 +244,13 @@ def report(
             )
     if not ok:
         lines.append(f"{impl} conforms to no variant")
+    for v in DESIGNS:
+        e = results[v].first_error if v in results else None
+        if e is not None:
+            lines.append(
+                f"  {v}: {results[v].errored} traces errored (no verdict; tracebacks in the "
+                f"log): first {e['error']} in {e['trace']}: {e['message']}"
+            )
     for v in DESIGNS:
         res = results.get(v)
         if res is not None and res.not_driven:
@@ -234,8 +264,11 @@ def _conforms_line(impl: str, v: str, res: VariantResult, violated: list[str] | 
     inconclusive (the clock stopped them, not the implementation)."""
     tail = f"; that design violates {', '.join(violated[:3])}" if violated else ""
     t = res.first_timeout
+    if res.errored:  # named on a line of its own (report)
+        tail = f", errored on {res.errored}{tail}"
     if t is None:
-        return f"{impl} conforms to {v} ({res.traces} traces){tail}"
+        n = res.traces - res.errored
+        return f"{impl} conforms to {v} ({n} traces){tail}"
     return (
         f"{impl} conforms to {v} on {res.conforming} traces, inconclusive on "
         f"{res.inconclusive} (timeouts; first: {t['what']} did not happen in "
@@ -348,7 +381,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for line in doc["summary"]:
         print(line)
+    if _errored(doc):
+        return 1
     return 0 if args.variant is None else _variant_exit(doc, args.variant)
+
+
+def _errored(doc: dict[str, JSON]) -> bool:
+    """A replay raised somewhere: the run failed, whatever the verdicts."""
+    variants = doc["variants"]
+    return isinstance(variants, dict) and any(
+        isinstance(v, dict) and v.get("errored") for v in variants.values()
+    )
 
 
 def _variant_exit(doc: dict[str, JSON], variant: str) -> int:
@@ -358,7 +401,7 @@ def _variant_exit(doc: dict[str, JSON], variant: str) -> int:
     v = variants.get(variant) if isinstance(variants, dict) else None
     if not isinstance(v, dict):
         return 1
-    ok = v.get("diverging") == 0 and v.get("inconclusive") == 0
+    ok = v.get("diverging") == 0 and v.get("inconclusive") == 0 and not v.get("errored")
     traces = v.get("traces")
     return 0 if ok and isinstance(traces, int) and traces > 0 else 1
 

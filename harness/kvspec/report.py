@@ -188,13 +188,16 @@ def _divergence(d: JSON) -> str | None:
     return str(d)
 
 
-def _conform_verdict(ok: bool, no_divergence: bool, all_counted: bool, inconclusive: int) -> str:
-    """A variant whose only non-conforming traces timed out has no divergence: it is
-    inconclusive on them, not diverging."""
+def _conform_verdict(
+    ok: bool, no_divergence: bool, all_counted: bool, inconclusive: int, errored: int = 0
+) -> str:
+    """A variant whose only non-conforming traces timed out (or raised: errored) has no
+    divergence: it is inconclusive (errored) on them, not diverging."""
     if ok:
         return "conforms"
-    if no_divergence and all_counted and inconclusive:
-        return f"inconclusive on {inconclusive}"
+    if no_divergence and all_counted and (inconclusive or errored):
+        parts = [f"inconclusive on {inconclusive}"] if inconclusive else []
+        return ", ".join(parts + ([f"errored on {errored}"] if errored else []))
     return "diverges"
 
 
@@ -207,6 +210,7 @@ def _conform_context(conform: Mapping[str, JSON] | None) -> dict[str, Any]:
     for name, v in sorted(raw.items()):
         traces, ok_n = v.get("traces", 0), v.get("conforming", 0)
         inconclusive = v.get("inconclusive", 0)  # timed out on every attempt: no verdict
+        errored = v.get("errored", 0)  # the replay raised: no verdict either
         div = _divergence(v.get("first_divergence"))
         ok = div is None and ok_n == traces
         variants.append(
@@ -216,7 +220,8 @@ def _conform_context(conform: Mapping[str, JSON] | None) -> dict[str, Any]:
                 "conforming": ok_n,
                 "ok": ok,
                 "verdict": _conform_verdict(
-                    ok, div is None, ok_n + inconclusive == traces, inconclusive
+                    ok, div is None, ok_n + inconclusive + errored == traces, inconclusive,
+                    errored,
                 ),
                 "divergence": div or _divergence(v.get("first_timeout")),
             }

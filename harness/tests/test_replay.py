@@ -255,3 +255,42 @@ def test_conform_with_a_variant_exits_1_unless_every_driven_trace_conforms() -> 
     assert _variant_exit(doc(inconclusive=1), "fixed") == 1
     assert _variant_exit(doc(traces=0), "fixed") == 1
     assert _variant_exit(doc(), "v0.29") == 1
+
+
+class Raises(ReferenceDriver):
+    """A replay that raises what no verdict explains (as a kernel the GPU bundle lacks)."""
+
+    def execute_model(self) -> None:
+        raise AttributeError("'_OpNamespace' '_C_cache_ops' object has no attribute 'x'")
+
+
+def test_a_replay_that_raises_is_errored_and_the_run_goes_on() -> None:
+    # On the GPU a stock path's missing kernel stopped the whole `kvspec conform` run; one
+    # broken replay now errs alone, is named, and decides nothing.
+    def make(row: ModelRow, wait_scale: float = 1.0) -> Driver:
+        return Raises(row) if row.variant == "fixed" else ReferenceDriver(row)
+
+    traces = [trace(FIXED, "f/000"), trace(name="t/000"), trace(FIXED, "f/001")]
+    res = conform(make, traces)
+    f = res["fixed"]
+    assert (f.traces, f.errored, f.diverging, f.conforming) == (2, 2, 0, 0)
+    assert f.first_error == {
+        "trace": "f/000", "error": "AttributeError",
+        "message": "'_OpNamespace' '_C_cache_ops' object has no attribute 'x'",
+    }  # fmt: skip
+    assert res["v0.30-shipped"].conforming == 1  # the next variant still ran
+    lines = report(res, "impl", {})
+    assert lines[0] == "impl conforms to v0.30-shipped (1 traces)"
+    assert "does not conform to fixed" not in " ".join(lines)  # an error is never a verdict
+    assert "impl conforms to fixed" not in " ".join(lines)  # nor "conforms" on errors alone
+    assert lines[1].startswith("  fixed: 2 traces errored (no verdict; tracebacks in the log)")
+    from kvspec import conform as conform_mod
+
+    doc = {"variants": {"fixed": f.to_json()}}
+    assert conform_mod._errored(doc) and conform_mod._variant_exit(doc, "fixed") == 1
+    rows = _conform_context({"vllm": "x", "device": "cpu", **doc})["variants"]
+    assert rows[0]["verdict"] == "errored on 2"
+    # Negative control: a driver that only diverges is a verdict, not an error.
+    div = conform(lambda row, wait_scale=1.0: CannotExecute(row), [trace(FIXED, "f/000")])
+    assert div["fixed"].errored == 0 and div["fixed"].diverging == 1
+    assert not conform_mod._errored({"variants": {"fixed": div["fixed"].to_json()}})
