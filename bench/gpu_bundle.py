@@ -64,6 +64,46 @@ for _name in {CAPABILITY_QUERIES!r}:
     _lib.define(f"{{_name}}(int cuda_device_capability) -> bool")
     _lib.impl(_name, lambda cuda_device_capability: False, "CompositeExplicitAutograd")
 """
+# The one kernel a driver path calls: the stock CPU offloading worker's GPU<->host copy
+# (_custom_ops.swap_blocks_batch: "src_ptrs[i] -> dst_ptrs[i] of sizes[i] bytes ... on older
+# CUDA it falls back to a loop of cudaMemcpyAsync"). That fallback, on the caller's current
+# stream (the handler's transfer stream, gpu_worker.py: `with current_platform.stream`), through
+# the CUDA runtime torch already loaded (vLLM's own CudaRTLibrary finds it). Ordering and
+# completion stay the stream's and its events': what the offloading worker's reports rest on.
+COPY_STUB = """
+import ctypes
+
+_cache = torch.library.Library("_C_cache_ops", "FRAGMENT")
+_cache.define("swap_blocks_batch(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes, "
+              "bool is_src_access_order_any=False) -> ()")
+_memcpy = []
+
+
+def _memcpy_async():
+    if not _memcpy:
+        from vllm.distributed.device_communicators.cuda_wrapper import CudaRTLibrary
+
+        fn = CudaRTLibrary().lib.cudaMemcpyAsync
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                       ctypes.c_void_p]
+        _memcpy.append(fn)
+    return _memcpy[0]
+
+
+def _swap_blocks_batch(src_ptrs, dst_ptrs, sizes, is_src_access_order_any=False):
+    triples = list(zip(src_ptrs.tolist(), dst_ptrs.tolist(), sizes.tolist()))
+    if not triples:
+        return
+    stream = torch.cuda.current_stream().cuda_stream
+    for src, dst, n in triples:
+        rc = _memcpy_async()(dst, src, n, 4, stream)  # 4: cudaMemcpyDefault (UVA)
+        if rc != 0:
+            raise RuntimeError(f"cudaMemcpyAsync failed with CUDA error {rc}")
+
+
+_cache.impl("swap_blocks_batch", _swap_blocks_batch, "CompositeExplicitAutograd")
+"""
 # Parts of the vLLM wheel the drivers never import: model-kernel sources, the web UI, Rust.
 # Their Python stays: vLLM imports its own pynvml from third_party/ to pick the CUDA platform.
 VLLM_SKIP = re.compile(
@@ -103,7 +143,8 @@ def vllm_members(wheel: Path) -> list[tuple[str, bytes, int]]:
             if n.endswith(".so"):  # a kernel extension: an empty module of its name
                 head, _, leaf = n.rpartition("/")
                 mod = f"{head}/{leaf.split('.')[0]}.py"
-                text = KERNEL_STUB + (QUERY_STUB if mod == "vllm/_C_stable_libtorch.py" else "")
+                stub = QUERY_STUB + COPY_STUB if mod == "vllm/_C_stable_libtorch.py" else ""
+                text = KERNEL_STUB + stub
                 out.append((mod, text.encode(), 0o644))
             elif not (zi.is_dir() or VLLM_SKIP.search(n) or n.endswith("/RECORD")):
                 out.append((n, z.read(zi), 0o644))

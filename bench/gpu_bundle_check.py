@@ -63,6 +63,15 @@ for model in ("mla", "kv2"):
             got = "refused (" + str(exc).split("Reasons:")[-1].strip()[:160] + ")"
     print(f"PCP 2, {model} fixture, {cfg.model_config.dtype}: {got}")
     assert (model == "mla") == ("refused" not in got), "the PCP fixture choice no longer holds"
+# The stock offloading worker (test_vllm_device.py) imports, and vLLM's copy wrapper reaches
+# the bundle's copy op (an empty batch: no CUDA runtime needed here).
+import torch
+from vllm import _custom_ops as ops
+from vllm.v1.kv_offload.cpu.gpu_worker import CPUOffloadingWorker  # noqa: F401
+
+empty = torch.zeros(0, dtype=torch.int64)
+ops.swap_blocks_batch(empty, empty, empty)
+print("offloading copy op: registered (swap_blocks_batch)")
 """
 
 

@@ -72,3 +72,42 @@ def test_read_moves_the_producer_bytes_on_the_device(device: str) -> None:
             got, sent = cache[rd.local_block], d.c.caches[0][name][rd.remote_block]
             assert got.device.type == device and torch.equal(got, sent)
             assert bool(sent.abs().sum() > 0)  # a zero block would match an unread one
+
+
+def test_vllms_own_offloading_worker_copies_a_stored_block_to_host(device: str) -> None:
+    """vLLM's stock CPUOffloadingWorker (gpu_worker.py) on the cluster's own VRAM caches:
+    a store job copies the block's bytes to its host tier on a CUDA stream and get_finished
+    reports the job once, successful. The replays hold stores instead (offload_upstream.py);
+    this is the transfer engine they stand in for, on the caches vLLM canonicalised."""
+    if device != "cuda":
+        pytest.skip("vLLM's CPU offloading worker refuses CPU caches (cpu/spec.py:199-203)")
+    from kvspec.drivers.vllm_driver import VllmDriver
+    from vllm.v1.kv_offload.base import GPULoadStoreSpec
+    from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+    from vllm.v1.kv_offload.cpu.gpu_worker import CPUOffloadingWorker
+
+    with VllmDriver(_row("multi-nixl-offload-upstream", 1), device=device) as d:
+        kv = d.c.workers[0]._connectors[1].connector_worker.worker.kv_caches
+        torch = d.c.api.torch
+        block = 1  # block 0 is vLLM's null block
+        # Each tensor as the worker sees it: one row of page_size_bytes per block.
+        pages = [t.tensor.view(torch.int8).view(-1, t.page_size_bytes) for t in kv.tensors]
+        for i, page in enumerate(pages):
+            page[block].fill_(i + 7)
+        stock = CPUOffloadingWorker(kv_caches=kv, blocks_per_chunk=1, num_cpu_chunks=2)
+        try:
+            host = stock._store_handler.dst_tensors
+            assert all(h.device.type == "cpu" and not bool(h.any()) for h in host)
+            groups = len(kv.group_data_refs)
+            src = GPULoadStoreSpec([block] * groups, [1] * groups, [0] * groups)
+            assert stock.submit_store(7, src, CPULoadStoreSpec([0] * groups))
+            stock.wait({7})  # the job's CUDA event: blocks until the copy is done
+            got = stock.get_finished()
+            assert [(r.job_id, r.success) for r in got] == [(7, True)]
+            assert stock.get_finished() == []  # reported once
+            for i, page in enumerate(pages):
+                sent = page[block].cpu()
+                assert torch.equal(host[i][0], sent)
+                assert bool((sent == i + 7).all())  # a zero host chunk would not match
+        finally:
+            stock.shutdown()

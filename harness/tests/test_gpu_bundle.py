@@ -58,3 +58,24 @@ def test_the_capability_queries_answer_unsupported() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          timeout=300, check=True).stdout.split()  # fmt: skip
     assert out == ["missing", "False"]
+
+
+def test_the_offloading_copy_op_is_registered_with_the_signature_vllm_calls() -> None:
+    # _custom_ops.swap_blocks_batch calls torch.ops._C_cache_ops.swap_blocks_batch(src, dst,
+    # sizes, is_src_access_order_any) positionally; an empty batch copies nothing, so no CUDA
+    # runtime is needed to check the schema here.
+    gb = _bundle()
+    probe = (
+        "import torch\n"
+        "e = torch.zeros(0, dtype=torch.int64)\n"
+        "try:\n"
+        "    torch.ops._C_cache_ops.swap_blocks_batch(e, e, e, False)\n"
+        "except (AttributeError, RuntimeError):\n"
+        "    print('missing')\n"  # the negative control: no such op without the stub
+        + gb.QUERY_STUB
+        + gb.COPY_STUB
+        + "print(torch.ops._C_cache_ops.swap_blocks_batch(e, e, e, False))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=300, check=True).stdout.split()  # fmt: skip
+    assert out == ["missing", "None"]

@@ -136,14 +136,10 @@ def test_device_plans_register_the_caches_where_they_live() -> None:
     from kvspec.drivers.vllm_env import DriverUnavailable, device_plan
 
     cpu, cuda = device_plan("cpu"), device_plan("cuda")
-    assert (cpu.kv_buffer_device, cpu.nixl_memory, cpu.upstream_spec) == ("cpu", "DRAM", "held")
+    assert (cpu.kv_buffer_device, cpu.nixl_memory) == ("cpu", "DRAM")
     # kv_buffer_device "cpu" on CUDA would stage through host buffers (use_host_buffer):
     # the CUDA plan must keep the caches in VRAM and registered as such.
-    assert (cuda.kv_buffer_device, cuda.nixl_memory, cuda.upstream_spec) == (
-        "cuda",
-        "VRAM",
-        "stock",
-    )
+    assert (cuda.kv_buffer_device, cuda.nixl_memory) == ("cuda", "VRAM")
     # CUDA's MLA backends refuse float32 (and PCP there needs MLA: sharding.fixture_model).
     assert (cpu.dtype, cuda.dtype) == ("float32", "bfloat16")
     with pytest.raises(DriverUnavailable, match="'tpu' is unknown"):

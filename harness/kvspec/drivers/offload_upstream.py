@@ -1,7 +1,12 @@
-"""A CPU offloading spec for vLLM's real upstream OffloadingConnector on a CPU-only host
-(composition `multi-nixl-offload-upstream`). On CUDA (`child_config(role, stock=True)`)
-none of this is used: the child runs vLLM's stock `CPUOffloadingSpec` and its
-`CPUOffloadingWorker` copies GPU blocks to pinned host memory on CUDA streams. Its host
+"""A CPU offloading spec for vLLM's real upstream OffloadingConnector, on every device
+(composition `multi-nixl-offload-upstream`). On CPU the stock worker cannot run at all (below).
+On CUDA it can, but a replay could not drive it: its `CPUOffloadingWorker` copies GPU blocks
+to pinned host memory on CUDA streams and a job completes when the GPU is done, within the
+step that submitted it, while a spec trace may keep a store in flight across steps (the
+`store` -> `stored` step is the spec's, not the GPU's). So replays hold the store here on
+CUDA too, and `conformance/test_vllm_device.py` runs the stock worker on the same VRAM
+caches: a store copies the block's bytes to host and is reported once by get_finished. The
+stock spec's host
 tier is a `SharedOffloadRegion` under /dev/shm that the ranks of an engine share through a
 barrier on the world group; here every rank lives in one process whose world group has one
 member, so each rank's barrier releases at once, the creator unlinks the name, and the next
@@ -106,12 +111,14 @@ class HeldCPUOffloadingSpec(CPUOffloadingSpec):  # type: ignore[misc]
         return worker
 
 
-def child_config(role: str, stock: bool = False) -> dict[str, Any]:
-    """The MultiConnector child entry for the upstream OffloadingConnector: over the held
-    CPU-tensor spec (CPU hosts), or over vLLM's default CPUOffloadingSpec (`stock`, CUDA)."""
-    extra: dict[str, Any] = {"cpu_bytes_to_use": CPU_BYTES_TO_USE}
-    if not stock:
-        extra |= {"spec_name": SPEC_NAME, "spec_module_path": MODULE_PATH}
+def child_config(role: str) -> dict[str, Any]:
+    """The MultiConnector child entry for the upstream OffloadingConnector over the held
+    spec."""
+    extra: dict[str, Any] = {
+        "cpu_bytes_to_use": CPU_BYTES_TO_USE,
+        "spec_name": SPEC_NAME,
+        "spec_module_path": MODULE_PATH,
+    }
     return {
         "kv_connector": "OffloadingConnector",
         "kv_role": role,
@@ -145,16 +152,6 @@ def reset_worker(connector: Any) -> None:
     cw = connector.connector_worker
     if isinstance(cw.worker, HeldStoreWorker):
         cw.worker.reset()
-    elif cw.worker is not None:
-        drain_stock_worker(cw.worker)
     cw._unsubmitted_store_jobs.clear()
     cw._load_jobs.clear()
     cw._connector_worker_meta = OffloadingWorkerMetadata()
-
-
-def drain_stock_worker(worker: Any) -> None:
-    """Let the stock CPUOffloadingWorker's in-flight copies finish and drop their results,
-    so a pooled cluster's next trace starts with no job of the previous one."""
-    for handler in (worker._store_handler, worker._load_handler):
-        handler.wait(set(handler._transfer_events))
-    worker.get_finished()

@@ -14,15 +14,15 @@ What is replaced: the model forward (the driver builds a synthetic `ModelRunnerO
 the process group (all workers live in one process: each worker is built as TP rank t of
 T by `tp_identity`, and its `pcp_rank` is set by hand after construction, as vLLM would
 derive both from its groups), HF3FS's metadata server, 3FS mount, CUDA streams and I/O
-threads (hf3fs_child.py: its saves are held until the spec's store_complete), and, on CPU
-only, the upstream offloading spec's transfer engine (offload_upstream.py: the stock CPU
-worker refuses CPU tensors). PP > 1 is unavailable (`PP_UNAVAILABLE` says why).
+threads (hf3fs_child.py: its saves are held until the spec's store_complete), and the
+upstream offloading spec's transfer engine (offload_upstream.py: the stock CPU worker refuses
+CPU tensors, and on CUDA its copies end within the step, where a trace may hold them).
+PP > 1 is unavailable (`PP_UNAVAILABLE` says why).
 
 Devices (`device_plan`): on `cpu` the KV caches are host tensors that NIXL registers as
 DRAM; on `cuda` (the CUDA build of vLLM) they are allocated in VRAM, the connectors run with
 kv_buffer_device = "cuda" so vLLM's NIXL worker registers them as VRAM and READs go
-GPU-to-GPU through UCX, and the upstream child runs vLLM's stock CPUOffloadingSpec (real
-GPU->CPU copies on CUDA streams). `build_cluster` checks after construction that vLLM chose
+GPU-to-GPU through UCX. `build_cluster` checks after construction that vLLM chose
 the memory type the plan expects, so a silently host-staged run cannot pass as a VRAM one.
 
 Cost: vLLM is imported once per process (`vllm_api()`), and clusters are pooled by shape

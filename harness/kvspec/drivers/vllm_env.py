@@ -79,7 +79,6 @@ class DevicePlan:
     device: str  # torch device of every KV cache (producer and consumer)
     kv_buffer_device: str  # KVTransferConfig.kv_buffer_device
     nixl_memory: str  # the memory type vLLM's NIXL worker must register: DRAM or VRAM
-    upstream_spec: str  # "held" (offload_upstream.HeldCPUOffloadingSpec) or "stock"
     # The fixture's dtype. CUDA: bfloat16, since every CUDA MLA backend refuses float32
     # ("dtype not supported": FLASH_ATTN_MLA, FLASHMLA, TRITON_MLA) and PCP needs MLA there
     # (sharding.fixture_model). CPU: float32 (bfloat16 + NIXL dies in the AMX kernel).
@@ -94,9 +93,9 @@ def device_plan(device: str) -> DevicePlan:
     (base_worker.py: use_host_buffer = kv_buffer_device == "cpu" on a non-CPU platform), so
     on CUDA the caches themselves are registered (nixl_memory_type "VRAM")."""
     if device == "cpu":
-        return DevicePlan("cpu", "cpu", "DRAM", "held", "float32")
+        return DevicePlan("cpu", "cpu", "DRAM", "float32")
     if device == "cuda":
-        return DevicePlan("cuda", "cuda", "VRAM", "stock", "bfloat16")
+        return DevicePlan("cuda", "cuda", "VRAM", "bfloat16")
     raise DriverUnavailable(f"device {device!r} is unknown; use one of {', '.join(DEVICES)}")
 
 
@@ -299,8 +298,10 @@ def vllm_config(
         elif composition == "multi-nixl-offload-upstream":
             from kvspec.drivers import offload_upstream
 
-            # vLLM's OffloadingConnector; its spec is registered in vllm_api().
-            child = offload_upstream.child_config(role, stock=plan.upstream_spec == "stock")
+            # vLLM's OffloadingConnector over the held spec (registered in vllm_api()), on
+            # every device: a replay holds a store at a spec step, which the stock worker's
+            # CUDA copies cannot (offload_upstream.py; its copies: test_vllm_device.py).
+            child = offload_upstream.child_config(role)
         else:
             raise DriverUnavailable(f"composition {composition!r} is unknown to the vLLM driver")
         ktc = api.KVTransferConfig(
