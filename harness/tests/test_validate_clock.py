@@ -8,6 +8,7 @@ from real vLLM 0.32 engines (kvspec scenario); the heartbeat-kept lease is synth
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -146,11 +147,46 @@ def test_a_real_heartbeat_kept_lease_with_a_late_producer_is_admitted(tmp_path: 
     assert log[free].t > 2 * 6  # freed more than two leases after request_finished
 
 
-def test_mla_with_notify_only_ranks_is_not_mapped_onto_the_clock() -> None:
-    # pd-tp2-mla: D READs producer rank 0 only and notifies rank 1; KVClock has a READ per
-    # producer rank, so the mapping refuses the run (one line, no verdict) rather than have
-    # TLC reject a correct run at D's receive.
-    with pytest.raises(MappingError, match="MLA with P TP > D TP"):
-        map_clock(_recorded("pd-tp2-mla"))
-    # Negative control: the same shape without MLA (pd-tp2: D READs both ranks) maps.
+def test_mla_notify_only_ranks_are_reads_of_no_bytes_and_the_run_is_admitted(
+    tmp_path: Path,
+) -> None:
+    """pd-tp2-mla (real engines, MLA, P TP 2 -> D TP 1): D READs producer rank 0 and, right
+    after posting it, notifies rank 1 (pull_worker.py:369-391). KVClock has a READ per
+    producer rank: the notify-only one is mapped as a READ of no bytes posted with the real
+    one. The run is admitted and reads are safe."""
+    events = _recorded("pd-tp2-mla")
+    log = map_clock(events).log
+    reads = [(e.r, e.w) for e in log if e.a == "read"]
+    assert reads and {w for _, w in reads} == {0, 1}
+    # each notify-only READ right after the READ D posted, of the same request
+    assert all(reads[k + 1] == (r, 1) for k, (r, w) in enumerate(reads) if w == 0)
+    verdict, explained, safe, log = _verdict(events, tmp_path)
+    assert (verdict, explained, safe) == ("admitted", len(log), "safe")
+
+
+def test_negative_control_without_mla_rank_1s_report_has_no_read(tmp_path: Path) -> None:
+    """The same run recorded as non-MLA: rank 1 reports r sent with no READ of it posted,
+    which no KVClock step explains: rejected at that report."""
+    events = [
+        replace(e, result={**e.result, "mla": False}) if e.call == "start" else e
+        for e in _recorded("pd-tp2-mla")
+    ]
+    verdict, explained, _, log = _verdict(events, tmp_path)
+    assert verdict == "rejected"
+    assert log[explained].a == "execute" and log[explained].out[1]
+
+
+def test_mla_with_d_tp_above_1_is_not_mapped_onto_the_clock() -> None:
+    """KVClock models one decode worker: an MLA D of TP 2 reading a P of TP 4 is refused
+    with one line (no verdict). Negative control: pd-tp2 (no MLA) maps."""
+    events = _recorded("pd-tp2-mla")
+    starts = {e.engine: e.result for e in events if e.call == "start"}
+    p = next(k for k, v in starts.items() if v.get("mla") and int(v.get("tp", 1)) == 2)
+    doctored_tp = [
+        replace(e, result={**e.result, "tp": 4 if e.engine == p else 2})
+        if e.call == "start" else e
+        for e in events
+    ]  # fmt: skip
+    with pytest.raises(MappingError, match="P TP > D TP > 1"):
+        map_clock(doctored_tp)
     assert map_clock(_recorded("pd-tp2"), lease_s=120).log  # recorded before the lease was

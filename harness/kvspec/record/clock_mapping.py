@@ -189,11 +189,30 @@ def _key(e: Event) -> tuple[int, int, int]:
 
 
 def _mla_notify_only(events: list[Event], producer: str, consumers: Iterable[str]) -> bool:
-    """The recording's MLA flag (the recorder's "start") with a D of smaller TP than P."""
+    """The recording's MLA flag (the recorder's "start") with a D of smaller TP than P.
+    Such a D READs one producer rank and, right after posting that READ, sends every other
+    producer agent it handshook a notify-only "r:n" (pull_worker.py:369-391, 0.32)."""
     starts = {e.engine: e.result for e in events if e.call == "start"}
     p = starts.get(producer, {})
-    return bool(p.get("mla")) and any(
+    mla = bool(p.get("mla")) and any(
         int(p.get("tp", 1)) > int(starts.get(c, {}).get("tp", 1)) for c in consumers)
+    if mla and any(int(starts.get(c, {}).get("tp", 1)) != 1 for c in consumers):
+        raise MappingError("MLA with P TP > D TP > 1: KVClock models one decode worker, "
+                           "whose notify-only messages are its READs' (D TP 1 only)")  # fmt: skip
+    return mla
+
+
+def _with_notify_only(log: list[SpecEvent], world: int) -> list[SpecEvent]:
+    """KVClock has a READ per producer rank: a notify-only message to rank w is its READ of
+    no bytes, posted with the READ D did post (the recording has no event of its own for
+    it: send_notif is not wrapped) and free to land at once. The clock's concern stays the
+    READ that moves data: no rank frees r before every report, rank 0's after its READ."""
+    out: list[SpecEvent] = []
+    for e in log:
+        out.append(e)
+        if e.a == "read":
+            out += [replace(e, w=w) for w in range(world) if w != e.w]
+    return out
 
 
 def map_clock(events: list[Event], lease_s: int | None = None) -> ClockMapped:
@@ -202,18 +221,16 @@ def map_clock(events: list[Event], lease_s: int | None = None) -> ClockMapped:
     if len(m.consumers) > 1:
         raise MappingError(f"{len(m.consumers)} decode engines read from {m.producer}: "
                            "KVClock models one")  # fmt: skip
-    if _mla_notify_only(events, m.producer, m.consumers):
-        raise MappingError("MLA with P TP > D TP: D READs one producer rank and sends the "
-                           "others a notify-only message (pull_worker.py:369-391); KVClock "
-                           "has a READ per producer rank")  # fmt: skip
+    base = _with_notify_only(m.log, m.world) if _mla_notify_only(
+        events, m.producer, m.consumers) else m.log  # fmt: skip
     placed: list[tuple[tuple[int, int, int], int, ClockEvent]] = []
-    for n, e in enumerate(m.log):
+    for n, e in enumerate(base):
         if e.a == "recv" or e.source is None:  # KVTrace's "READ posted" observation
             continue
         ev = ClockEvent(e.a, e.r, e.w, 0, e.batch, e.out, e.freed, e.fin, source=e.source)
         placed.append((_key(e.source), n, ev))
     extra = _decode_events(events, m) + _heartbeats(events, m)
-    placed += [(_key(at), len(m.log) + i, ev) for i, (at, ev) in enumerate(extra)]
+    placed += [(_key(at), len(base) + i, ev) for i, (at, ev) in enumerate(extra)]
     placed.sort(key=lambda x: (x[0], x[1]))
     tick_ns = lease * 1_000_000_000 / TICKS_PER_LEASE
     t0 = placed[0][0][0] if placed else 0
