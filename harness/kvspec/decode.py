@@ -76,7 +76,10 @@ def run(args: argparse.Namespace) -> int:
 
 def conform(args: argparse.Namespace) -> int:
     """Every conformance trace of the tier on the installed vLLM; exit 1 on a divergence
-    or an inconclusive trace (timed out twice), 0 when all conform."""
+    or an inconclusive trace (timed out twice), 0 when all conform. A replay that raised
+    (vLLM or the driver failed) is errored: named, logged, no verdict; the run goes on and
+    exits 1."""
+    import logging
     from collections import Counter
 
     from kvspec.decode_traces import replay_with_retry, suite
@@ -99,6 +102,12 @@ def conform(args: argparse.Namespace) -> int:
             except DriverUnavailable as exc:
                 not_driven[row.name] = str(exc)
                 continue
+            except Exception as exc:  # noqa: BLE001 - one replay's failure, named per trace
+                logging.getLogger("kvspec.decode").exception("replay of %s raised", name)
+                counts[(row.name, "errored")] += 1
+                msg = str(exc).splitlines()[0][:200] if str(exc) else ""
+                first.setdefault(row.name, f"{name}: errored: {type(exc).__name__}: {msg}")
+                continue
             verdict = ("diverges" if res.divergence else
                        "inconclusive" if res.timeout else "conforms")  # fmt: skip
             counts[(row.name, verdict)] += 1
@@ -107,20 +116,19 @@ def conform(args: argparse.Namespace) -> int:
     rows = sorted({r for r, _ in counts})
     table: dict[str, dict[str, object]] = {}
     for r in rows:
-        n = {v: counts[(r, v)] for v in ("conforms", "diverges", "inconclusive")}
+        n = {v: counts[(r, v)] for v in ("conforms", "diverges", "inconclusive", "errored")}
         table[r] = {**n, "first": first.get(r)}
         tail = f"; first: {first[r]}" if r in first else ""
+        err = f", {n['errored']} errored (no verdict)" if n["errored"] else ""
         print(f"{r}: {n['conforms']}/{sum(n.values())} conform, {n['diverges']} diverge, "
-              f"{n['inconclusive']} inconclusive{tail}")  # fmt: skip
+              f"{n['inconclusive']} inconclusive{err}{tail}")  # fmt: skip
     for r, why in sorted(not_driven.items()):
         print(f"{r}: not driven ({why})")
     per = design_verdicts({r: design_of[r] for r in rows}, counts)
     held = [d for d, v in per.items() if v == "conforms"]
     for d, v in per.items():
         print(f"design {d}: {v}")
-    print(f"the installed vLLM's decode side conforms to Decode.tla's design {', '.join(held)}"
-          if held else "no decode-side design of Decode.tla admits every trace (see above)"
-          if rows else "no decode trace was driven here (see above): no verdict")  # fmt: skip
+    print(_summary(held, per, bool(rows)))
     if args.json is not None:
         verdict = "conforms" if held else "not driven" if not rows else (
             "diverges" if "diverges" in per.values() else "inconclusive")  # fmt: skip
@@ -128,7 +136,19 @@ def conform(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps({"verdict": verdict, "designs": per, "conforms_to": held,
                                          "rows": table, "not_driven": not_driven},
                                         indent=1) + "\n")  # fmt: skip
+    if any(counts[(r, "errored")] for r in rows):
+        return 1  # a replay raised: the run failed, whatever the verdicts
     return 0 if held or not rows else 1  # nothing driven: said so, and no verdict
+
+
+def _summary(held: list[str], per: dict[str, str], driven: bool) -> str:
+    if held:
+        return f"the installed vLLM's decode side conforms to Decode.tla's design {', '.join(held)}"
+    if "diverges" in per.values():
+        return "no decode-side design of Decode.tla admits every trace (see above)"
+    if driven:
+        return "no verdict: traces errored or timed out (see above)"
+    return "no decode trace was driven here (see above): no verdict"
 
 
 def design_verdicts(
@@ -136,11 +156,13 @@ def design_verdicts(
 ) -> dict[str, str]:
     """Per design (the rows' Bug, named by DESIGNS): "conforms" when every trace of its
     rows conforms, "diverges" when one diverges, else "inconclusive" (a wait timed out
-    twice: never a verdict)."""
+    twice) or "errored" (a replay raised): neither is a verdict."""
     out: dict[str, str] = {}
     for d in sorted(set(design_of.values())):
         rows = [r for r, dd in design_of.items() if dd == d]
-        n = {v: sum(counts.get((r, v), 0) for r in rows) for v in ("diverges", "inconclusive")}
+        n = {v: sum(counts.get((r, v), 0) for r in rows)
+             for v in ("diverges", "inconclusive", "errored")}  # fmt: skip
         out[d] = ("diverges" if n["diverges"] else
-                  "inconclusive" if n["inconclusive"] else "conforms")  # fmt: skip
+                  "inconclusive" if n["inconclusive"] else
+                  "errored" if n["errored"] else "conforms")  # fmt: skip
     return out

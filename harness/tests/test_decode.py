@@ -116,3 +116,47 @@ def test_a_design_conforms_only_when_every_trace_of_its_rows_conforms() -> None:
     assert design_verdicts({"a": "x"}, {("a", "conforms"): 1, ("a", "inconclusive"): 1}) == {
         "x": "inconclusive"
     }
+    # A replay that raised is errored: no verdict either (a divergence still is one).
+    assert design_verdicts({"a": "x"}, {("a", "conforms"): 1, ("a", "errored"): 1}) == {
+        "x": "errored"
+    }
+    assert design_verdicts({"a": "x"}, {("a", "diverges"): 1, ("a", "errored"): 1}) == {
+        "x": "diverges"
+    }
+
+
+def test_decode_conform_names_a_replay_that_raised_and_goes_on(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import argparse
+    import contextlib
+
+    from kvspec import decode_traces
+    from kvspec.decode import conform
+    from kvspec.decode_traces import Replay
+    from kvspec.drivers import vllm_env
+    from kvspec.sweep import SweepRow
+
+    row = SweepRow("conf-x", {"Bug": "none"}, 1, "fast")
+    traces = [("conf-x/000", row, []), ("conf-x/001", row, []), ("conf-x/002", row, [])]
+
+    def replay(trace: object, make: object) -> Replay:
+        if replay.calls == 1:  # type: ignore[attr-defined]
+            replay.calls += 1  # type: ignore[attr-defined]
+            raise AttributeError("no kernel _C_cache_ops.swap_blocks_batch")
+        replay.calls += 1  # type: ignore[attr-defined]
+        return Replay(3)
+
+    replay.calls = 0  # type: ignore[attr-defined]
+    monkeypatch.setattr(decode_traces, "suite", lambda tier, only: traces)
+    monkeypatch.setattr(decode_traces, "replay_with_retry", replay)
+    monkeypatch.setattr(vllm_env, "vllm_logs", lambda *a: contextlib.nullcontext(None))
+    args = argparse.Namespace(tier="fast", only=[], verbose=False, json=tmp_path / "d.json")
+    assert conform(args) == 1  # the run failed
+    out = capsys.readouterr().out
+    assert replay.calls == 3  # type: ignore[attr-defined]  # the next traces still ran
+    assert "conf-x: 2/3 conform, 0 diverge, 0 inconclusive, 1 errored (no verdict); first: " \
+        "conf-x/001: errored: AttributeError: no kernel" in out  # fmt: skip
+    assert "design 0.30+ (0.32 as shipped): errored" in out
+    assert "no verdict: traces errored or timed out" in out
+    assert "conforms to Decode.tla's design" not in out
