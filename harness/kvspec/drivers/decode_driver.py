@@ -36,12 +36,12 @@ MLA rows run a DeepSeek-V2-shaped fixture (vllm_env.MODELS["mla"]) on CPU_MLA's 
 layout: with P TP > D TP, D reads one producer rank and sends the others notify-only "r:n"
 in the same start_load_kv (pull_worker.py:369-391), seen through the HeldReads seam.
 
-Not driven: full prefix hits (0.32 takes one
-only with a prefill backoff > 0, base_scheduler.py:379-403: Mamba layers, a bounded-replay
-window, MTP/Eagle drafters; the fixture is a plain attention model), D's first contact
-with P (the cluster's D is handshaken when built; `kvspec validate` checks first contacts
-on recorded engines), the LMCache child (it needs its server) and the re-introduced bugs
-(mutants are applied to the real code instead).
+Not driven: full prefix hits (0.32 takes one only with a prefill backoff > 0 and no drafter
+block drop, base_scheduler.py:379-403: Mamba layers, a bounded-replay window, MTP with its
+block drop off, test_full_hit_reach.py; the fixture is a plain attention model), the
+LMCache child (it needs its server) and the re-introduced bugs (mutants are applied to the
+real code instead). D's first contact with P runs through the HeldHandshake seam
+(Handshake rows).
 """
 
 from __future__ import annotations
