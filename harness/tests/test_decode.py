@@ -160,3 +160,40 @@ def test_decode_conform_names_a_replay_that_raised_and_goes_on(
     assert "design 0.30+ (0.32 as shipped): errored" in out
     assert "no verdict: traces errored or timed out" in out
     assert "conforms to Decode.tla's design" not in out
+
+
+def test_the_campaigns_decode_traces_are_the_installed_releases_design(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The fast tier holds 0.29's rows too (conf-decode-d1-fail-v0.29): unmutated 0.32
+    # diverges there, so the campaign once counted agg-dedup-per-worker "killed" by one.
+    from kvspec import conform, decode_traces
+    from kvspec.decode import release_design
+    from kvspec.decode_traces import Replay, run_decode_regressions
+    from kvspec.sweep import SweepRow
+
+    assert (release_design("0.32.0"), release_design("0.30.1")) == ("none", "none")
+    assert release_design("0.29.0") == "v0.29-register-all"
+    assert release_design("not installed") == "none"
+    rows = [SweepRow("conf-a-v0.29", {"Bug": "v0.29-register-all"}, 1, "fast"),
+            SweepRow("conf-a", {"Bug": "none"}, 1, "fast")]  # fmt: skip
+    traces = [(f"{r.name}/000", r, []) for r in rows]
+    ran: list[str] = []
+
+    def replay(trace: object, make: object) -> Replay:
+        ran.append(next(n for n, _, t in traces if t is trace))
+        return Replay(1, divergence="reg differs") if "v0.29" in ran[-1] else Replay(1)
+
+    monkeypatch.setattr(decode_traces, "suite", lambda tier, only: traces)
+    monkeypatch.setattr(decode_traces, "replay_with_retry", replay)
+    monkeypatch.setattr(conform, "installed_vllm", lambda: "0.32.0")
+    assert run_decode_regressions().divergence is None and ran == ["conf-a/000"]
+    # Negative control: under 0.29 the 0.30+ rows are the other release's, and skipped.
+    ran.clear()
+    monkeypatch.setattr(conform, "installed_vllm", lambda: "0.29.0")
+    assert run_decode_regressions().divergence == "reg differs" and ran == ["conf-a-v0.29/000"]
+    # Rows named explicitly (a decode mutant's decode_rows) run whatever their design.
+    ran.clear()
+    monkeypatch.setattr(conform, "installed_vllm", lambda: "0.32.0")
+    assert run_decode_regressions(only=frozenset({"conf-a-v0.29"})).divergence == "reg differs"
+    assert ran == ["conf-a-v0.29/000"]

@@ -123,7 +123,7 @@ def serve_decode_handshakes(
         if saved is not None:
             os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = saved
     md = {(0, t): c.get_handshake_metadata() for t, c in enumerate(consumers)}
-    from kvspec.drivers.vllm_env import serve_handshake_metadata
+    from kvspec.drivers.vllm_inbox import serve_handshake_metadata
 
     serve_handshake_metadata(listener, {k: v for k, v in md.items() if v}, waits)
     return listener

@@ -70,12 +70,11 @@ from kvspec.drivers.vllm_env import (
     device_plan,
     free_port,
     keep_affinity,
-    serve_handshake_metadata,
     tp_identity,
     vllm_config,
     vllm_refusal,
 )
-from kvspec.drivers.vllm_inbox import NotifInbox, SentToProducer, Waits
+from kvspec.drivers.vllm_inbox import NotifInbox, SentToProducer, Waits, serve_handshake_metadata
 from kvspec.matrix import ModelRow, Topology
 from kvspec.model import HF3FS
 

@@ -16,7 +16,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -34,11 +34,13 @@ TINY_MODEL = Path(str(files("kvspec") / "data" / "tiny-opt"))
 # test_decode_real.py pins that with it. "mla": a DeepSeek-V2 shape, so ModelConfig.use_mla
 # is True (config/model.py:2050-2063) and NIXL takes its MLA paths: one latent "head"
 # replicated on every TP rank, notify-only to unread producer ranks, and the only model
-# PD may run with decode_context_parallel_size > 1 (config/vllm.py:1473-1491).
+# PD may run with decode_context_parallel_size > 1 (config/vllm.py:1473-1491). "glm-mtp":
+# a GLM-4.5 shape with two MTP modules (plain GQA, 2 KV heads of 32): full_hit.py.
 MODELS = {
     "kv2": TINY_MODEL,
     "kv1": Path(str(files("kvspec") / "data" / "tiny-opt-mqa")),
     "mla": Path(str(files("kvspec") / "data" / "tiny-deepseek-mla")),
+    "glm-mtp": Path(str(files("kvspec") / "data" / "tiny-glm-mtp")),
 }
 DEFAULT_MODEL = "kv2"
 BLOCK_SIZE = 32
@@ -267,12 +269,14 @@ def vllm_config(
     transfer: str = "pull",
     model: str = DEFAULT_MODEL,
     dcp: int = 1,
+    speculative: Callable[[Any], Any] | None = None,
 ) -> Any:
     """The VllmConfig of one engine role (kv_producer / kv_consumer) with `blocks` KV blocks.
     `disable_hma`: --disable-hybrid-kv-cache-manager (None: vLLM decides; it turns the
     hybrid manager off for a connector without SupportsHMA, e.g. HF3FS, config/vllm.py
     ~2170-2192). `transfer`: the spec's Transfer ("push": NixlPushConnector). `model`: the fixture
-    (MODELS). `dcp`: decode_context_parallel_size."""
+    (MODELS). `dcp`: decode_context_parallel_size. `speculative`: the ModelConfig -> its
+    SpeculativeConfig, with prefix caching on (full_hit.py's deployment)."""
     if model not in MODELS:
         raise DriverUnavailable(f"no fixture model {model!r} ({sorted(MODELS)})")
     plan = device_plan(device)
@@ -318,7 +322,8 @@ def vllm_config(
         max_model_len=MAX_MODEL_LEN,
         seed=0,
     )
-    cache = api.CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False)
+    spec = None if speculative is None else speculative(mcfg)
+    cache = api.CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=spec is not None)
     cache.num_gpu_blocks_override = blocks
     sched = api.SchedulerConfig(
         max_model_len=MAX_MODEL_LEN,
@@ -335,6 +340,7 @@ def vllm_config(
         scheduler_config=sched,
         kv_transfer_config=ktc,
         device_config=api.DeviceConfig(device),
+        speculative_config=spec,
     )
     cfg.cache_config.kv_cache_layout = "LBHNC"
     # The CPU platform forces an MLA model's block to CPU_MLA's 16 tokens at construction
@@ -447,20 +453,6 @@ def vllm_logs(
         _ACTIVE.remove(redirect)
         redirect.restore()
         handler.close()
-
-
-def serve_handshake_metadata(listener: Any, md: dict[tuple[int, int], Any], waits: Any) -> None:
-    """`set_xfer_handshake_metadata_pp_aware` on a scheduler-role NIXL connector: it starts
-    the side-channel listener thread and waits, without a timeout, for its socket
-    (base_scheduler.py:319-334). Run on a helper thread, so a listener that died (its port
-    taken) is a WaitTimeout (`waits`: a vllm_inbox.Waits) instead of a hang."""
-    import threading
-
-    t = threading.Thread(
-        target=listener.set_xfer_handshake_metadata_pp_aware, args=(md,), daemon=True
-    )
-    t.start()
-    waits.until(lambda: not t.is_alive(), "NIXL's side-channel listener to start")
 
 
 @contextlib.contextmanager

@@ -215,3 +215,15 @@ class SentToProducer:
             return sum(ib.received for ib in inboxes) >= self.sent
 
         waits.until(landed, f"the {self.sent} notifications sent to the producer to land")
+
+
+def serve_handshake_metadata(listener: Any, md: dict[tuple[int, int], Any], waits: Any) -> None:
+    """`set_xfer_handshake_metadata_pp_aware` on a scheduler-role NIXL connector: it starts
+    the side-channel listener thread and waits, without a timeout, for its socket
+    (base_scheduler.py:319-334). Run on a helper thread, so a listener that died (its port
+    taken) is a WaitTimeout (`waits`: a vllm_inbox.Waits) instead of a hang."""
+    t = threading.Thread(
+        target=listener.set_xfer_handshake_metadata_pp_aware, args=(md,), daemon=True
+    )
+    t.start()
+    waits.until(lambda: not t.is_alive(), "NIXL's side-channel listener to start")
