@@ -93,6 +93,7 @@ def conform(args: argparse.Namespace) -> int:
     from collections import Counter
 
     from kvspec.decode_traces import replay_with_retry, suite
+    from kvspec.drivers import full_hit
     from kvspec.drivers.decode_driver import DecodeDriver
     from kvspec.drivers.vllm_env import DriverUnavailable, vllm_logs
 
@@ -108,7 +109,10 @@ def conform(args: argparse.Namespace) -> int:
             if row.name in not_driven:
                 continue
             try:
-                res = replay_with_retry(trace, lambda row=row: DecodeDriver(row))  # type: ignore[misc]
+                hits = full_hit.full_hits(trace)
+                res = replay_with_retry(
+                    trace, lambda row=row, hits=hits: DecodeDriver(row, full_hits=hits)  # type: ignore[misc]
+                )
             except DriverUnavailable as exc:
                 not_driven[row.name] = str(exc)
                 continue

@@ -259,14 +259,15 @@ def run_decode_regressions(device: str = "cpu", only: frozenset[str] = frozenset
     from kvspec.conform import installed_vllm
     from kvspec.decode import release_design
     from kvspec.drivers.decode_driver import DecodeDriver
+    from kvspec.drivers.full_hit import full_hits
 
     mine = release_design(installed_vllm())
     for name, row, trace in suite("fast", only):
         if not only and row.consts["Bug"] != mine:
             continue
 
-        def make(row: SweepRow = row) -> Any:
-            return DecodeDriver(row, device)
+        def make(row: SweepRow = row, hits: frozenset[int] = full_hits(trace)) -> Any:
+            return DecodeDriver(row, device, full_hits=hits)
 
         try:
             res = replay_with_retry(trace, make)

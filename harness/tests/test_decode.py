@@ -197,3 +197,18 @@ def test_the_campaigns_decode_traces_are_the_installed_releases_design(
     monkeypatch.setattr(conform, "installed_vllm", lambda: "0.32.0")
     assert run_decode_regressions(only=frozenset({"conf-a-v0.29"})).divergence == "reg differs"
     assert ran == ["conf-a-v0.29/000"]
+
+
+def test_full_hits_are_the_requests_a_schedule_admits_without_awaiting() -> None:
+    from kvspec.drivers.full_hit import decode_prompt, full_hits
+
+    def st(s1: str, s2: str, aw: set[int] | None = None) -> dict[str, object]:
+        steps = {} if aw is None else {1: {"aw": frozenset(aw)}}
+        return {"st": {1: s1, 2: s2}, "steps": steps}
+
+    admit_both = [("init", st("new", "new")), ("schedule", st("running", "wfrk", {2}))]
+    assert full_hits(admit_both) == {1}  # 2 is awaited: it READs
+    # Negative control: a request that is awaited (or not admitted yet) is no full hit.
+    assert full_hits([("init", st("new", "new")), ("schedule", st("wfrk", "new", {1}))]) == set()
+    assert full_hits([("init", st("new", "new")), ("abort(1)", st("gone", "new"))]) == set()
+    assert decode_prompt([3, 4]) == [3, 4, 5]  # D recomputes the backoff token itself

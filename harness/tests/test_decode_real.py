@@ -22,6 +22,7 @@ from kvspec.decode_traces import (  # noqa: E402
     trace_from_counterexample,
 )
 from kvspec.drivers.decode_driver import DecodeDriver  # noqa: E402
+from kvspec.drivers.full_hit import full_hits  # noqa: E402
 from kvspec.mutants import run_mutant  # noqa: E402
 from kvspec.mutations.catalogue import MUTANTS  # noqa: E402
 
@@ -54,6 +55,8 @@ SAMPLED = {"conf-decode-p2-d1-mla": 40}
         "conf-decode-p2-d1-mla",  # the unmutated control of decode-mla-notify-local-id
         pytest.param("conf-decode-p2-d1-mla-recompute", marks=pytest.mark.slow),
         pytest.param("conf-decode-p1-d2-mla", marks=pytest.mark.slow),
+        "conf-decode-d1-full-hit-sync",
+        pytest.param("conf-decode-d1-full-hit", marks=pytest.mark.slow),
     ],
 )
 def test_the_installed_decode_engine_conforms(row: str) -> None:
@@ -64,12 +67,33 @@ def test_the_installed_decode_engine_conforms(row: str) -> None:
     inconclusive = []
     for name, srow, trace in traces:
         # A wait that expires twice is inconclusive (a loaded machine), never a verdict.
-        res = replay_with_retry(trace, lambda srow=srow: DecodeDriver(srow))  # type: ignore[misc]
+        hits = full_hits(trace)  # type: ignore[arg-type]
+        res = replay_with_retry(trace, lambda srow=srow, h=hits: DecodeDriver(srow, full_hits=h))  # type: ignore[misc]
         assert res.divergence is None, (name, res)
         if res.timeout is not None:
             inconclusive.append(f"{name}: {res.timeout}")
     if inconclusive:
         pytest.skip(f"inconclusive (waits expired): {'; '.join(inconclusive[:3])}")
+
+
+def test_a_full_hit_is_vllms_own_prefix_lookup_and_reads_nothing() -> None:
+    """A trace whose request D admits as a full local hit (full_hit.py: an MTP drafter with
+    its block drop off, prefix caching on, the prompt run once on D before): it runs at
+    once, D READs nothing and P is notified, step for step. Negative control: the same
+    trace with D's prefix cache left empty diverges at the schedule that admits it (vLLM
+    finds no local hit, awaits the request and parks it)."""
+    name, row, trace = next(t for t in _traces("conf-decode-d1-full-hit-sync")
+                            if full_hits(t[2]) and len(t[2]) > 3)  # type: ignore[arg-type]  # fmt: skip
+    hits = full_hits(trace)  # type: ignore[arg-type]
+    res = replay_with_retry(trace, lambda: DecodeDriver(row, full_hits=hits))  # type: ignore[arg-type]
+    if res.timeout is not None:
+        pytest.skip(f"inconclusive: {res.timeout}")
+    assert res.divergence is None, (name, res)
+    with DecodeDriver(row) as d:  # type: ignore[arg-type]
+        res = replay(trace, d)  # type: ignore[arg-type]
+    first = next(i for i, (a, _) in enumerate(trace) if a == "schedule")
+    assert res.divergence is not None and res.steps == first - 1, res
+    assert "(schedule)" in res.divergence and "aw" in res.divergence, res.divergence
 
 
 def test_0_32_diverges_from_0_29s_design_at_the_registered_cleanup() -> None:
@@ -166,6 +190,31 @@ def test_first_contact_leaves_the_abort_notification_queued_and_p_waits_for_its_
         d.handshake_done(0)  # the handshake completes: the entry waits for a next step
         assert d.observe()["rdy"] == {0: frozenset({(1, False)})}
         assert d.p.c.inboxes[0].take_arrived(b"req-1:1") is None  # P never heard of it
+
+
+def test_first_contact_leaves_a_full_hits_notification_queued_and_p_waits_for_its_lease() -> None:
+    # The same finding's other case, now driven (full_hit.py: the deployment where 0.32
+    # takes a full hit): D runs the full-hit request at once, its notify-only entry waits
+    # for the handshake, the request completes, D idles, P frees only at the lease.
+    doc = json.loads(
+        (FIRST_CONTACT / "first-contact-full-hit-ProducerNotified.itf.json").read_text()
+    )
+    trace = trace_from_counterexample(doc)
+    assert full_hits(trace) == {1} and not any(a.startswith("abort") for a, _ in trace)
+    row = _matrix_row("p1-d1-first-contact-full-hit")
+    with DecodeDriver(row, full_hits=full_hits(trace)) as d:  # type: ignore[arg-type]
+        res = replay(trace, d)
+        if res.timeout is not None:
+            pytest.skip(f"inconclusive: {res.timeout}")
+        assert res.divergence is None, res
+        d.handshake_done(0)  # the handshake completes: the entry waits for a next step
+        assert d.observe()["rdy"] == {0: frozenset({(1, False)})}
+        assert d.p.c.inboxes[0].take_arrived(b"req-1:1") is None  # P never heard of it
+    # Negative control: without the full hit (D's prefix cache empty) the request is
+    # awaited and parked instead, at the first schedule.
+    with DecodeDriver(row) as d:  # type: ignore[arg-type]
+        res = replay(trace, d)
+    assert res.divergence is not None and res.divergence.startswith("step 1 (schedule)"), res
 
 
 def test_negative_control_handshaken_d_notifies_and_the_lease_step_is_refused() -> None:

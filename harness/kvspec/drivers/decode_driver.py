@@ -36,12 +36,12 @@ MLA rows run a DeepSeek-V2-shaped fixture (vllm_env.MODELS["mla"]) on CPU_MLA's 
 layout: with P TP > D TP, D reads one producer rank and sends the others notify-only "r:n"
 in the same start_load_kv (pull_worker.py:369-391), seen through the HeldReads seam.
 
-Not driven: full prefix hits (0.32 takes one only with a prefill backoff > 0 and no drafter
-block drop, base_scheduler.py:379-403: Mamba layers, a bounded-replay window, MTP with its
-block drop off, test_full_hit_reach.py; the fixture is a plain attention model), the
+FullHit rows run the deployment where 0.32 can take a full local prefix hit (full_hit.py:
+an MTP drafter with its block drop off, prefix caching on D), with D's prefix cache seeded
+with the prompts the trace admits as full hits; vLLM's own lookup decides. D's first
+contact with P runs through the HeldHandshake seam (Handshake rows). Not driven: the
 LMCache child (it needs its server) and the re-introduced bugs (mutants are applied to the
-real code instead). D's first contact with P runs through the HeldHandshake seam
-(Handshake rows).
+real code instead).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvspec.decode import DESIGNS as RELEASE_DESIGNS
+from kvspec.drivers import full_hit
 from kvspec.drivers.base import MissingAction
 from kvspec.drivers.decode_seams import HeldHandshake, HeldReads
 from kvspec.drivers.vllm_adapters import (
@@ -99,12 +100,17 @@ class DStep:
 
 
 class DecodeDriver:
-    def __init__(self, row: SweepRow, device: str = "cpu", waits: Waits = DEFAULT_WAITS) -> None:
+    def __init__(
+        self, row: SweepRow, device: str = "cpu", waits: Waits = DEFAULT_WAITS,
+        full_hits: frozenset[int] = frozenset(),
+    ) -> None:  # fmt: skip
+        """`full_hits`: the requests the trace admits as full hits (full_hit.full_hits);
+        FullHit rows run full_hit.py's deployment and seed D's prefix cache with them."""
         c = row.consts
-        if c["FullHit"] or c["Composition"] not in DECODE:
+        if c["Composition"] not in DECODE or (c["FullHit"] and c["MLA"]):
             # A row this driver cannot build is unavailable here, not a divergence.
-            raise DriverUnavailable(f"{row.name}: the decode driver runs no full hits, "
-                                    f"composition in {DECODE}")  # fmt: skip
+            raise DriverUnavailable(f"{row.name}: composition in {DECODE}; full hits "
+                                    "without MLA (no prefix caching for MLA on CPU)")  # fmt: skip
         if c.get("InStepEnd") and int(c["PTP"]) > int(c["DTP"]) and not c["MLA"]:
             # decode_traces.in_step_ends names a request's in-step ends per rank, exact
             # only with one read source per rank.
@@ -120,8 +126,10 @@ class DecodeDriver:
             async_scheduling=False,
         )  # fmt: skip
         self.comp = str(c["Composition"])
-        # MLA rows run the DeepSeek-shaped fixture on both engines (vllm_env.MODELS).
-        model = "mla" if c["MLA"] else DEFAULT_MODEL
+        # MLA rows run the DeepSeek-shaped fixture on both engines (vllm_env.MODELS), FullHit
+        # rows the GLM-shaped one whose D has an MTP drafter (full_hit.py).
+        model = "mla" if c["MLA"] else full_hit.MODEL if c["FullHit"] else DEFAULT_MODEL
+        self.full_hits = full_hits if c["FullHit"] else frozenset()
         self.p = VllmDriver(prow, device=device, waits=waits, decode_composition=self.comp,
                             decode_tp=self.T, model=model)  # fmt: skip
         self.held: list[HeldReads] = []
@@ -162,11 +170,13 @@ class DecodeDriver:
         d_engine = c.consumer_nixl(0).connector_worker.engine_id
         # D's own block accounting: room for every request's prompt block plus the blocks
         # its decode tokens take; READs land only in the first ones (checked in execute).
+        full = bool(self.row.consts["FullHit"])  # + room for the seeds' cached blocks
         dcfg = vllm_config(
-            api, "kv_consumer", d_engine, self.comp, Topology(self.T, 1, 1), 4 * self.N + 1,
+            api, "kv_consumer", d_engine, self.comp, Topology(self.T, 1, 1),
+            (6 if full else 4) * self.N + 1,
             async_scheduling, device,
             disable_hma=bool(c.cfg.scheduler_config.disable_hybrid_kv_cache_manager),
-            model=c.model,
+            model=c.model, speculative=full_hit.mtp_drafter if full else None,
         )  # fmt: skip
         dcfg.kv_transfer_config.kv_load_failure_policy = policy
         dkc = kv_cache_config(api, dcfg)
@@ -179,8 +189,12 @@ class DecodeDriver:
         hasher = api.get_request_block_hasher(
             BLOCK_SIZE, api.get_hash_fn_by_name(dcfg.cache_config.prefix_caching_hash_algo)
         )
-        for r in range(1, self.N + 1):
-            prompt = [(r * 31 + i) % 500 + 3 for i in range(BLOCK_SIZE)]  # P's (vllm_driver)
+        prompts = {r: [(r * 31 + i) % 500 + 3 for i in range(BLOCK_SIZE)]  # P's (vllm_driver)
+                   for r in range(1, self.N + 1)}  # fmt: skip
+        if full:
+            prompts = {r: full_hit.decode_prompt(pr) for r, pr in prompts.items()}
+            full_hit.seed(api, self.d, hasher, {r: prompts[r] for r in self.full_hits})
+        for r, prompt in prompts.items():
             rq = api.Request(
                 request_id=dreq(r), prompt_token_ids=prompt,
                 sampling_params=api.SamplingParams(max_tokens=64), pooling_params=None,
