@@ -126,3 +126,35 @@ def test_negative_control_without_the_block_drop_the_same_request_is_a_full_hit(
     # only notifies P (a notify-only entry: no local block)
     assert status == "RUNNING" and scheduled > 0
     assert recv is not None and not any(len(g) for g in recv.local_block_ids)
+
+
+def test_a_release_without_the_backoff_or_the_option_is_unavailable_not_a_verdict(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 0.29 has neither _prefill_backoff nor disable_eagle_block_drop: its full-hit rows are
+    # not driven there (`kvspec versions`), never replayed into a false divergence.
+    from dataclasses import dataclass
+
+    import vllm.config
+    from kvspec.drivers import full_hit
+    from kvspec.drivers.vllm_env import DriverUnavailable
+
+    class Sched:
+        def _prefill_backoff(self) -> int:
+            return self.n
+
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+    full_hit.require_backoff(Sched(1))  # 0.32's D with the drafter
+    for old in (object(), Sched(0)):
+        with pytest.raises(DriverUnavailable, match="no prefill backoff"):
+            full_hit.require_backoff(old)
+
+    @dataclass
+    class OldSpeculativeConfig:
+        method: str = "mtp"
+
+    monkeypatch.setattr(vllm.config, "SpeculativeConfig", OldSpeculativeConfig)
+    with pytest.raises(DriverUnavailable, match="no disable_eagle_block_drop"):
+        full_hit.mtp_drafter(None)

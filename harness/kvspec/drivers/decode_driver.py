@@ -192,6 +192,7 @@ class DecodeDriver:
         prompts = {r: [(r * 31 + i) % 500 + 3 for i in range(BLOCK_SIZE)]  # P's (vllm_driver)
                    for r in range(1, self.N + 1)}  # fmt: skip
         if full:
+            full_hit.require_backoff(nixl_of(self.d.connector, self.comp).connector_scheduler)
             prompts = {r: full_hit.decode_prompt(pr) for r, pr in prompts.items()}
             full_hit.seed(api, self.d, hasher, {r: prompts[r] for r in self.full_hits})
         for r, prompt in prompts.items():

@@ -34,6 +34,11 @@ def mtp_drafter(model_config: Any) -> Any:
     the trailing-block drop off (the only way 0.32 leaves a full hit reachable here)."""
     from vllm.config import ParallelConfig, SpeculativeConfig
 
+    from kvspec.drivers.vllm_env import DriverUnavailable
+
+    if "disable_eagle_block_drop" not in getattr(SpeculativeConfig, "__dataclass_fields__", {}):
+        raise DriverUnavailable("this vLLM has no disable_eagle_block_drop (0.32 has): "
+                                "no deployment of it takes a full hit here")  # fmt: skip
     return SpeculativeConfig(
         method="mtp",
         num_speculative_tokens=NUM_SPECULATIVE_TOKENS,
@@ -41,6 +46,17 @@ def mtp_drafter(model_config: Any) -> Any:
         target_model_config=model_config,
         target_parallel_config=ParallelConfig(),
     )
+
+
+def require_backoff(nixl_scheduler: Any) -> None:
+    """D's NIXL scheduler must leave the backoff token to D (0.32's _prefill_backoff; a
+    release without one asks P for the whole prompt, so no local hit covers it)."""
+    from kvspec.drivers.vllm_env import DriverUnavailable
+
+    backoff = getattr(nixl_scheduler, "_prefill_backoff", None)
+    if backoff is None or backoff() < 1:
+        raise DriverUnavailable("this vLLM's NIXL scheduler has no prefill backoff here: "
+                                "no full hit is reachable (base_scheduler.py:379-403)")  # fmt: skip
 
 
 def decode_prompt(producer_prompt: list[int]) -> list[int]:
@@ -66,7 +82,7 @@ def seed(api: Any, sched: Any, hasher: Any, prompts: dict[int, list[int]]) -> No
     """Run each prompt once on D as a local request (one step, one sampled token), so that
     its full blocks stay in D's prefix cache after it finishes (freed, evictable: the
     driver's D has room for every trace request without evicting them)."""
-    from kvspec.drivers.vllm_env import DriverUnavailable, runner_output
+    from kvspec.drivers.vllm_env import runner_output
 
     if not prompts:
         return
@@ -79,5 +95,5 @@ def seed(api: Any, sched: Any, hasher: Any, prompts: dict[int, list[int]]) -> No
     so = sched.schedule()
     sched.update_from_output(so, runner_output(api, so, None))
     left = [f"seed{r}" for r in prompts if f"seed{r}" in sched.requests]
-    if left or sched.kv_cache_manager.block_pool.get_num_free_blocks() == 0:
-        raise DriverUnavailable(f"D's prefix cache could not be seeded: {left} still run")
+    if left:  # a harness fault, not a configuration vLLM refuses: an error, not "unavailable"
+        raise RuntimeError(f"D's prefix cache was not seeded: {left} did not finish in a step")
