@@ -355,6 +355,16 @@ _ALL = [
         decode_rows=("conf-decode-p2-d1-mla",),  # MLA: read P rank 0, notify-only rank 1
     ),
     _m(
+        "decode-full-hit-parked",
+        "a full local prefix hit is parked in WAITING_FOR_REMOTE_KVS as if it had KV to load: "
+        "nothing is read or reported, it never runs",
+        f"{PULL_SCHED}.get_num_new_matched_tokens",
+        "#56640/#54714 (pull_scheduler.py:58-65)",
+        de.full_hit_parked,
+        family="decode",
+        decode_rows=("conf-decode-d1-full-hit-sync",),  # the deployment with full hits
+    ),
+    _m(
         "handshake-failure-only-logged",
         "a failed background handshake is only logged: its deferred entries never reach "
         "_failed_recv_reqs, so their requests stay in WAITING_FOR_REMOTE_KVS",

@@ -159,3 +159,18 @@ def blocks_freed_at_once(orig: Any) -> Any:
         return True
 
     return can_be_freed
+
+
+def full_hit_parked(orig: Any) -> Any:
+    # #56640/#54714: a full local prefix hit is still loaded "asynchronously": the scheduler
+    # parks it in WAITING_FOR_REMOTE_KVS (scheduler.py:1320), nothing is read and no worker
+    # ever reports it; 0.32's get_num_new_matched_tokens returns (0, False) for it
+    # (pull_scheduler.py:58-65) and the request runs at once.
+    def matched(self: Any, request: Any, num_computed_tokens: int) -> Any:
+        count, load_async = orig(self, request, num_computed_tokens)
+        params = request.kv_transfer_params
+        if count == 0 and params is not None and params.get("do_remote_prefill"):
+            return 0, True
+        return count, load_async
+
+    return matched
