@@ -245,14 +245,13 @@ def report(
     if not ok:
         lines.append(f"{impl} conforms to no variant")
     for v in DESIGNS:
-        e = results[v].first_error if v in results else None
-        if e is not None:
+        res = results.get(v)
+        e = res.first_error if res is not None else None
+        if res is not None and e is not None:
             lines.append(
-                f"  {v}: {results[v].errored} traces errored (no verdict; tracebacks in the "
+                f"  {v}: {res.errored} traces errored (no verdict; tracebacks in the "
                 f"log): first {e['error']} in {e['trace']}: {e['message']}"
             )
-    for v in DESIGNS:
-        res = results.get(v)
         if res is not None and res.not_driven:
             models = "; ".join(f"{m} ({why})" for m, why in sorted(res.not_driven.items()))
             lines.append(f"  {v}: {res.skipped} traces not driven here: {models}")

@@ -183,13 +183,17 @@ def _matrix_row(name: str) -> object:
     return next(r for r in load_sweep_matrix(DECODE) if r.name == name)
 
 
-def test_first_contact_leaves_the_abort_notification_queued_and_p_waits_for_its_lease() -> None:
-    # ProducerNotified's counterexample (spec/decode-matrix.toml p1-d1-first-contact-abort)
-    # on the real engine: the aborted request's notify-only entry waits for the handshake,
-    # D has nothing to run, and P's blocks go only when the lease does.
-    doc = json.loads((FIRST_CONTACT / "first-contact-abort-ProducerNotified.itf.json").read_text())
+def _first_contact_counterexample(
+    name: str, row_name: str, full: bool
+) -> tuple[object, list[tuple[str, dict[str, object]]]]:
+    """Replay ProducerNotified's committed counterexample `name` on the real engine, then
+    let the handshake complete: the notify-only entry waits for a next step D never takes,
+    and P never hears of the request (its blocks go only with the lease)."""
+    doc = json.loads((FIRST_CONTACT / f"{name}.itf.json").read_text())
     trace = trace_from_counterexample(doc)
-    with DecodeDriver(_matrix_row("p1-d1-first-contact-abort")) as d:  # type: ignore[arg-type]
+    row = _matrix_row(row_name)
+    hits = full_hits(trace) if full else frozenset()
+    with DecodeDriver(row, full_hits=hits) as d:  # type: ignore[arg-type]
         res = replay(trace, d)
         if res.timeout is not None:
             pytest.skip(f"inconclusive: {res.timeout}")
@@ -197,26 +201,26 @@ def test_first_contact_leaves_the_abort_notification_queued_and_p_waits_for_its_
         d.handshake_done(0)  # the handshake completes: the entry waits for a next step
         assert d.observe()["rdy"] == {0: frozenset({(1, False)})}
         assert d.p.c.inboxes[0].take_arrived(b"req-1:1") is None  # P never heard of it
+    return row, trace
+
+
+def test_first_contact_leaves_the_abort_notification_queued_and_p_waits_for_its_lease() -> None:
+    # ProducerNotified's counterexample (spec/decode-matrix.toml p1-d1-first-contact-abort)
+    # on the real engine: the aborted request's notify-only entry waits for the handshake,
+    # D has nothing to run, and P's blocks go only when the lease does.
+    _first_contact_counterexample(
+        "first-contact-abort-ProducerNotified", "p1-d1-first-contact-abort", full=False
+    )
 
 
 def test_first_contact_leaves_a_full_hits_notification_queued_and_p_waits_for_its_lease() -> None:
     # The same finding's other case, now driven (full_hit.py: the deployment where 0.32
     # takes a full hit): D runs the full-hit request at once, its notify-only entry waits
     # for the handshake, the request completes, D idles, P frees only at the lease.
-    doc = json.loads(
-        (FIRST_CONTACT / "first-contact-full-hit-ProducerNotified.itf.json").read_text()
+    row, trace = _first_contact_counterexample(
+        "first-contact-full-hit-ProducerNotified", "p1-d1-first-contact-full-hit", full=True
     )
-    trace = trace_from_counterexample(doc)
     assert full_hits(trace) == {1} and not any(a.startswith("abort") for a, _ in trace)
-    row = _matrix_row("p1-d1-first-contact-full-hit")
-    with DecodeDriver(row, full_hits=full_hits(trace)) as d:  # type: ignore[arg-type]
-        res = replay(trace, d)
-        if res.timeout is not None:
-            pytest.skip(f"inconclusive: {res.timeout}")
-        assert res.divergence is None, res
-        d.handshake_done(0)  # the handshake completes: the entry waits for a next step
-        assert d.observe()["rdy"] == {0: frozenset({(1, False)})}
-        assert d.p.c.inboxes[0].take_arrived(b"req-1:1") is None  # P never heard of it
     # Negative control: without the full hit (D's prefix cache empty) the request is
     # awaited and parked instead, at the first schedule.
     with DecodeDriver(row) as d:  # type: ignore[arg-type]
