@@ -42,7 +42,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from kvspec.drivers.base import Driver
+from kvspec.drivers.base import Driver, first_line
 from kvspec.drivers.vllm_env import DriverUnavailable, check_device, vllm_logs
 from kvspec.itf import JSON
 from kvspec.matrix import DESIGNS, ModelRow, design
@@ -105,8 +105,7 @@ class VariantResult:
         self.traces += 1
         self.errored += 1
         if self.first_error is None:
-            first = str(exc).splitlines()[0][:300] if str(exc) else ""
-            self.first_error = {"trace": trace, "error": type(exc).__name__, "message": first}
+            self.first_error = {"trace": trace, "error": first_line(exc)}
 
     def to_json(self) -> dict[str, JSON]:
         return {
@@ -250,7 +249,7 @@ def report(
         if res is not None and e is not None:
             lines.append(
                 f"  {v}: {res.errored} traces errored (no verdict; tracebacks in the "
-                f"log): first {e['error']} in {e['trace']}: {e['message']}"
+                f"log): first {e['error']} in {e['trace']}"
             )
         if res is not None and res.not_driven:
             models = "; ".join(f"{m} ({why})" for m, why in sorted(res.not_driven.items()))

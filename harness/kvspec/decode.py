@@ -92,9 +92,8 @@ def conform(args: argparse.Namespace) -> int:
     import logging
     from collections import Counter
 
-    from kvspec.decode_traces import replay_with_retry, suite
-    from kvspec.drivers import full_hit
-    from kvspec.drivers.decode_driver import DecodeDriver
+    from kvspec.decode_traces import driver_for, replay_with_retry, suite
+    from kvspec.drivers.base import first_line
     from kvspec.drivers.vllm_env import DriverUnavailable, vllm_logs
 
     counts: Counter[tuple[str, str]] = Counter()
@@ -109,18 +108,14 @@ def conform(args: argparse.Namespace) -> int:
             if row.name in not_driven:
                 continue
             try:
-                hits = full_hit.full_hits(trace)
-                res = replay_with_retry(
-                    trace, lambda row=row, hits=hits: DecodeDriver(row, full_hits=hits)  # type: ignore[misc]
-                )
+                res = replay_with_retry(trace, driver_for(row, trace))
             except DriverUnavailable as exc:
                 not_driven[row.name] = str(exc)
                 continue
             except Exception as exc:  # noqa: BLE001 - one replay's failure, named per trace
                 logging.getLogger("kvspec.decode").exception("replay of %s raised", name)
                 counts[(row.name, "errored")] += 1
-                msg = str(exc).splitlines()[0][:200] if str(exc) else ""
-                first.setdefault(row.name, f"{name}: errored: {type(exc).__name__}: {msg}")
+                first.setdefault(row.name, f"{name}: errored: {first_line(exc)}")
                 continue
             verdict = ("diverges" if res.divergence else
                        "inconclusive" if res.timeout else "conforms")  # fmt: skip

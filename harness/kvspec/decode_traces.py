@@ -209,6 +209,17 @@ def replay(trace: Trace, driver: Any) -> Replay:
     return Replay(len(trace) - 1)
 
 
+def driver_for(row: SweepRow, trace: Trace, device: str = "cpu") -> Callable[[], Any]:
+    """A fresh decode driver for `trace` of `row`, each call: the one way to build it for a
+    trace, so a FullHit row always gets the trace's full hits (drivers/full_hit.py; built
+    without them its full-hit requests would READ, a false divergence)."""
+    from kvspec.drivers.decode_driver import DecodeDriver
+    from kvspec.drivers.full_hit import full_hits
+
+    hits = full_hits(trace)
+    return lambda: DecodeDriver(row, device, full_hits=hits)
+
+
 def replay_with_retry(trace: Trace, make: Callable[[], Any], tries: int = 2) -> Replay:
     """A timed-out replay is retried on a fresh driver; still timed out: inconclusive."""
     res = Replay(0, timeout="not run")
@@ -258,19 +269,13 @@ def run_decode_regressions(device: str = "cpu", only: frozenset[str] = frozenset
     the 0.29 rows), so a mutant "killed" there would be no kill at all."""
     from kvspec.conform import installed_vllm
     from kvspec.decode import release_design
-    from kvspec.drivers.decode_driver import DecodeDriver
-    from kvspec.drivers.full_hit import full_hits
-
     mine = release_design(installed_vllm())
     for name, row, trace in suite("fast", only):
         if not only and row.consts["Bug"] != mine:
             continue
 
-        def make(row: SweepRow = row, hits: frozenset[int] = full_hits(trace)) -> Any:
-            return DecodeDriver(row, device, full_hits=hits)
-
         try:
-            res = replay_with_retry(trace, make)
+            res = replay_with_retry(trace, driver_for(row, trace, device))
         except Exception as exc:  # vLLM raised out of an action: a crash
             return DecodeRun(name, crash=f"{type(exc).__name__}: {exc}")
         if res.divergence is not None:

@@ -16,6 +16,7 @@ pytest.importorskip("vllm")
 pytest.importorskip("nixl")
 
 from kvspec.decode_traces import (  # noqa: E402
+    driver_for,
     replay,
     replay_with_retry,
     suite,
@@ -69,8 +70,7 @@ def test_the_installed_decode_engine_conforms(row: str) -> None:
     inconclusive = []
     for name, srow, trace in traces:
         # A wait that expires twice is inconclusive (a loaded machine), never a verdict.
-        hits = full_hits(trace)  # type: ignore[arg-type]
-        res = replay_with_retry(trace, lambda srow=srow, h=hits: DecodeDriver(srow, full_hits=h))  # type: ignore[misc]
+        res = replay_with_retry(trace, driver_for(srow, trace))  # type: ignore[arg-type]
         assert res.divergence is None, (name, res)
         if res.timeout is not None:
             inconclusive.append(f"{name}: {res.timeout}")
@@ -86,8 +86,7 @@ def test_a_full_hit_is_vllms_own_prefix_lookup_and_reads_nothing() -> None:
     finds no local hit, awaits the request and parks it)."""
     name, row, trace = next(t for t in _traces("conf-decode-d1-full-hit-sync")
                             if full_hits(t[2]) and len(t[2]) > 3)  # type: ignore[arg-type]  # fmt: skip
-    hits = full_hits(trace)  # type: ignore[arg-type]
-    res = replay_with_retry(trace, lambda: DecodeDriver(row, full_hits=hits))  # type: ignore[arg-type]
+    res = replay_with_retry(trace, driver_for(row, trace))  # type: ignore[arg-type]
     if res.timeout is not None:
         pytest.skip(f"inconclusive: {res.timeout}")
     assert res.divergence is None, (name, res)
@@ -106,7 +105,7 @@ def test_0_32_diverges_from_0_29s_design_at_the_registered_cleanup() -> None:
     every trace of the row: README, "0.29's decode side")."""
     diverged, conformed = None, 0
     for name, srow, trace in _traces("conf-decode-d1-fail-v0.29"):
-        res = replay_with_retry(trace, lambda srow=srow: DecodeDriver(srow))  # type: ignore[misc]
+        res = replay_with_retry(trace, driver_for(srow, trace))  # type: ignore[arg-type]
         if res.divergence is not None and diverged is None:
             diverged = (name, res.divergence)
         conformed += res.divergence is None and res.timeout is None

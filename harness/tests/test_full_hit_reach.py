@@ -15,8 +15,7 @@ bounded-replay window, not built here) leaves a full hit reachable.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import pytest
@@ -26,48 +25,19 @@ pytestmark = pytest.mark.vllm
 PROMPT = [(i * 7) % 500 + 3 for i in range(65)]  # 2 blocks of 32 + 1: backoff 1 -> 64
 
 
-def _mtp_fixture(tmp: Path) -> Path:
-    """A GLM-4.5-shaped MoE (plain GQA attention: vLLM disables prefix caching for MLA on
-    CPU) with two MTP modules, 2 KV heads of 32 like the OPT fixture; config only."""
-    c = {"architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "vocab_size": 512,
-         "hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 64,
-         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "head_dim": 32, "n_routed_experts": 2, "n_shared_experts": 1,
-         "num_experts_per_tok": 1, "first_k_dense_replace": 2, "num_nextn_predict_layers": 2,
-         "partial_rotary_factor": 0.5, "max_position_embeddings": 256, "rope_theta": 10000,
-         "torch_dtype": "float32", "n_group": 1, "topk_group": 1,
-         "routed_scaling_factor": 1.0, "norm_topk_prob": True, "use_qk_norm": False,
-         "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": False}  # fmt: skip
-    (tmp / "config.json").write_text(json.dumps(c))
-    return tmp
-
-
-def _decode_scheduler(tmp: Path, block_drop: bool) -> tuple[Any, Any]:
+def _decode_scheduler(block_drop: bool) -> tuple[Any, Any]:
+    """A real decode Scheduler (NIXL consumer) on the full-hit rows' fixture and config
+    (drivers/full_hit.py: GLM-4.5 shape, plain GQA, two MTP modules; prefix caching on),
+    with vLLM's default block drop or without it."""
+    from kvspec.drivers.full_hit import MODEL, mtp_drafter
     from kvspec.drivers.vllm_caches import kv_cache_config
-    from kvspec.drivers.vllm_env import BLOCK_SIZE, device_plan, nixl_transfer_config, vllm_api
-    from vllm.config import ParallelConfig, SpeculativeConfig
+    from kvspec.drivers.vllm_env import BLOCK_SIZE, vllm_api, vllm_config
+    from kvspec.matrix import Topology
 
     api = vllm_api()
-    mcfg = api.ModelConfig(model=str(_mtp_fixture(tmp)), skip_tokenizer_init=True,
-                           dtype="float32", max_model_len=256, seed=0)  # fmt: skip
-    spec = SpeculativeConfig(
-        method="mtp", num_speculative_tokens=2, disable_eagle_block_drop=not block_drop,
-        target_model_config=mcfg, target_parallel_config=ParallelConfig(),
-    )  # fmt: skip
-    cfg = api.VllmConfig(
-        model_config=mcfg,
-        cache_config=api.CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True),
-        scheduler_config=api.SchedulerConfig(
-            max_model_len=256, is_encoder_decoder=False, max_num_seqs=8,
-            max_num_batched_tokens=1024, enable_chunked_prefill=False,
-        ),  # fmt: skip
-        speculative_config=spec,
-        kv_transfer_config=api.KVTransferConfig(
-            engine_id="D", **nixl_transfer_config("kv_consumer", device_plan("cpu"))
-        ),
-        device_config=api.DeviceConfig("cpu"),
-    )
-    cfg.cache_config.kv_cache_layout = "LBHNC"  # as vllm_env.vllm_config (the engine's)
+    drafter = partial(mtp_drafter, block_drop=block_drop)
+    cfg = vllm_config(api, "kv_consumer", "D", "nixl", Topology(1, 1, 1), 16, False, "cpu",
+                      model=MODEL, speculative=drafter)  # fmt: skip
     assert cfg.cache_config.enable_prefix_caching and not cfg.model_config.use_mla
     kc = kv_cache_config(api, cfg)
     sched = api.Scheduler(vllm_config=cfg, kv_cache_config=kc,
@@ -87,13 +57,13 @@ def _request(api: Any, hasher: Any, rid: str, params: dict[str, Any] | None) -> 
     return rq
 
 
-def _second_request_after_a_local_one(tmp: Path, block_drop: bool) -> tuple[str, int, Any]:
+def _second_request_after_a_local_one(block_drop: bool) -> tuple[str, int, Any]:
     """D runs the prompt locally (its blocks cached), then receives it P/D: R's status
     after D's next schedule, the tokens scheduled for it, and its receive entry."""
     from kvspec.drivers.vllm_env import runner_output, vllm_api
 
     api = vllm_api()
-    sched, hasher = _decode_scheduler(tmp, block_drop)
+    sched, hasher = _decode_scheduler(block_drop)
     backoff = sched.connector.connector_scheduler._prefill_backoff()
     assert backoff == 1  # MTP, two speculative tokens: D loads 64 of the 65 tokens
     sched.add_request(_request(api, hasher, "L", None))
@@ -109,19 +79,15 @@ def _second_request_after_a_local_one(tmp: Path, block_drop: bool) -> tuple[str,
     return r.status.name, so.num_scheduled_tokens.get("R", 0), recv
 
 
-def test_an_mtp_drafter_keeps_every_local_hit_a_block_short_of_a_full_hit(
-    tmp_path: Path,
-) -> None:
-    status, scheduled, recv = _second_request_after_a_local_one(tmp_path, block_drop=True)
+def test_an_mtp_drafter_keeps_every_local_hit_a_block_short_of_a_full_hit() -> None:
+    status, scheduled, recv = _second_request_after_a_local_one(block_drop=True)
     # a block (32 tokens) to READ: parked, waiting for the remote KV
     assert status == "WAITING_FOR_REMOTE_KVS" and scheduled == 0
     assert recv is not None and any(len(g) for g in recv.local_block_ids)
 
 
-def test_negative_control_without_the_block_drop_the_same_request_is_a_full_hit(
-    tmp_path: Path,
-) -> None:
-    status, scheduled, recv = _second_request_after_a_local_one(tmp_path, block_drop=False)
+def test_negative_control_without_the_block_drop_the_same_request_is_a_full_hit() -> None:
+    status, scheduled, recv = _second_request_after_a_local_one(block_drop=False)
     # the local hit covers all 64 tokens D would load: it runs at once, READs nothing and
     # only notifies P (a notify-only entry: no local block)
     assert status == "RUNNING" and scheduled > 0

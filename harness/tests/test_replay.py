@@ -275,9 +275,9 @@ def test_a_replay_that_raises_is_errored_and_the_run_goes_on() -> None:
     f = res["fixed"]
     assert (f.traces, f.errored, f.diverging, f.conforming) == (2, 2, 0, 0)
     assert f.first_error == {
-        "trace": "f/000", "error": "AttributeError",
-        "message": "'_OpNamespace' '_C_cache_ops' object has no attribute 'x'",
-    }  # fmt: skip
+        "trace": "f/000",
+        "error": "AttributeError: '_OpNamespace' '_C_cache_ops' object has no attribute 'x'",
+    }
     assert res["v0.30-shipped"].conforming == 1  # the next variant still ran
     lines = report(res, "impl", {})
     assert lines[0] == "impl conforms to v0.30-shipped (1 traces)"

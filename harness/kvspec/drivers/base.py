@@ -37,6 +37,13 @@ class WaitTimeout(Exception):
         self.limit_s = limit_s
 
 
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """`exc` as one report line: its type and its message's first line (an errored replay,
+    kvspec conform / decode --conform; the traceback goes to the log)."""
+    msg = str(exc).splitlines()[0][:limit] if str(exc) else ""
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
 class Driver(ABC):
     """Executes spec actions on an implementation of one matrix model."""
 

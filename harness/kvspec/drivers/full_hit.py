@@ -29,9 +29,10 @@ NUM_SPECULATIVE_TOKENS = 2  # lookahead 2: backoff 1, and <= the block (coordina
 BACKOFF_TOKEN = 5  # the prompt's last token, which D computes itself
 
 
-def mtp_drafter(model_config: Any) -> Any:
+def mtp_drafter(model_config: Any, block_drop: bool = False) -> Any:
     """vllm_env.vllm_config's `speculative` hook: the fixture's own MTP modules as drafter,
-    the trailing-block drop off (the only way 0.32 leaves a full hit reachable here)."""
+    the trailing-block drop off (the only way 0.32 leaves a full hit reachable here;
+    `block_drop` True is vLLM's default, test_full_hit_reach.py's control)."""
     from vllm.config import ParallelConfig, SpeculativeConfig
 
     from kvspec.drivers.vllm_env import DriverUnavailable
@@ -42,7 +43,7 @@ def mtp_drafter(model_config: Any) -> Any:
     return SpeculativeConfig(
         method="mtp",
         num_speculative_tokens=NUM_SPECULATIVE_TOKENS,
-        disable_eagle_block_drop=True,
+        disable_eagle_block_drop=not block_drop,
         target_model_config=model_config,
         target_parallel_config=ParallelConfig(),
     )

@@ -191,7 +191,8 @@ def _key(e: Event) -> tuple[int, int, int]:
 def _mla_notify_only(events: list[Event], producer: str, consumers: Iterable[str]) -> bool:
     """The recording's MLA flag (the recorder's "start") with a D of smaller TP than P.
     Such a D READs one producer rank and, right after posting that READ, sends every other
-    producer agent it handshook a notify-only "r:n" (pull_worker.py:369-391, 0.32)."""
+    producer agent it handshook a notify-only "r:n" (pull_worker.py:369-391, 0.32).
+    MappingError where such a D has TP > 1 (KVClock models one decode worker)."""
     starts = {e.engine: e.result for e in events if e.call == "start"}
     p = starts.get(producer, {})
     mla = bool(p.get("mla")) and any(
