@@ -15,7 +15,8 @@
 (* explanation.                                                            *)
 (*                                                                         *)
 (* Log records: [a, r, w, t, batch, out, freed, fin, swallow, lost]; a is *)
-(*  "arrive", "schedule", "execute", "update", "abort", "read": as KVTrace *)
+(*  "arrive", "schedule", "execute", "update", "abort", "read", "coread": *)
+(*             as KVTrace                                                  *)
 (*  "add"      D's Scheduler.add_request of r (on_new_request)             *)
 (*  "recv"     D's scheduler processed r's finished_recving                *)
 (*  "abandon"  D's scheduler processed r's failed receive, no READ posted  *)
@@ -82,6 +83,10 @@ Match(e) ==
       [] e.a = "read" ->
             /\ consumer_start_load_kv(e.r, e.w)
             /\ UNCHANGED arrived
+      [] e.a = "coread" ->
+            \* another D rank's READ of r from w (D TP > P TP): as KVTrace's
+            /\ rd[e.r][e.w] = "inflight"
+            /\ UNCHANGED <<vars, arrived, now>>
       [] e.a = "recv" ->
             /\ consumer_update(e.r)
             /\ UNCHANGED arrived

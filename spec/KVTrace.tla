@@ -21,6 +21,8 @@
 (*             = freed; requests request_finished as done = fin            *)
 (*  "abort"    Scheduler.finish_requests(r, FINISHED_ABORTED)             *)
 (*  "read"     the decode worker posts a READ of r from producer rank w   *)
+(*  "coread"   another D rank posts its READ of r from producer rank w    *)
+(*             (D TP > P TP: each D rank READs its KV heads; see Match)    *)
 (*  "recv"     the decode worker reports r in finished_recving (READ      *)
 (*             posted: see Match)                                          *)
 (***************************************************************************)
@@ -71,6 +73,14 @@ Match(e) ==
       [] e.a = "read" ->
             /\ consumer_start_load_kv(e.r, e.w)
             /\ UNCHANGED arrived
+      [] e.a = "coread" ->
+            \* D TP > P TP: every D rank READs its heads of r from rank w, and w frees r
+            \* at the last of their "r:n" (pull_worker.py _get_new_notifs).  KVCompletion
+            \* has one READ per (r, w) whose notification stands for the last, so a
+            \* sibling READ must be posted while that READ is in flight: one posted after
+            \* it (P may have freed r: #56033's count) is explained by no step.
+            /\ rd[e.r][e.w] = "inflight"
+            /\ UNCHANGED <<vars, arrived>>
       [] e.a = "recv" ->
             \* KVCompletion's consumer_get_finished is the READ's completion and its
             \* notification reaching the producer rank, fused.  A real decode worker

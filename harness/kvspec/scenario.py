@@ -51,6 +51,7 @@ class Scenario:
     requests: int = 2
     connector: str = "NixlConnector"
     tp: int = 1
+    d_tp: int = 1  # the decode engine's TP (D TP > P TP: each D rank READs its heads)
     sync: bool = False
     consumer: bool = True  # False: nobody reads; the producer frees on lease expiry
     lease: int = 0  # kv_lease_duration in s; 0: vLLM's default (30)
@@ -110,6 +111,9 @@ SCENARIOS = {
         Scenario("pd-tp2-mla", "MLA, P at TP 2 -> D at TP 1: D READs producer rank 0 and "
                  "sends rank 1 a notify-only message (pull_worker.py)", tp=2, lease=120,
                  model="mla"),
+        Scenario("pd-d-tp2", "P at TP 1 -> D at TP 2: both D ranks READ their KV heads "
+                 "from producer rank 0, which frees only after both notifications (\"r:2\", "
+                 "pull_worker.py _get_new_notifs)", d_tp=2, lease=120),
         Scenario("pd-multi", "P -> D, both engines MultiConnector(NIXL, ExampleConnector): "
                  "the in-tree child stores on P and finds nothing to load on D",
                  connector="MultiConnector", lease=120),
@@ -230,7 +234,7 @@ def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
     args = cmd or [sys.executable, "-m", "kvspec.scenario_engine"]
 
     args = [*args, "--model", str(model), "--engine-id", eid, "--connector", sc.connector,
-            "--tp", str(sc.tp if eid == "P" else 1), "--lease", str(sc.lease),
+            "--tp", str(sc.tp if eid == "P" else sc.d_tp), "--lease", str(sc.lease),
             "--device", sc.device,
             "--child", sc.child, *(["--sync"] if sc.sync else []),
             # each engine's ExampleConnector gets a fresh directory of its own: D's child

@@ -14,6 +14,7 @@ from kvspec.record.log import Event
 class Synth:
     world: int = 1
     pcp: int = 1
+    d_world: int = 1  # the decode engine's TP
     async_scheduling: bool = False
     events: list[Event] = field(default_factory=list)
     _seq: dict[tuple[str, str, int], int] = field(default_factory=dict)
@@ -26,7 +27,7 @@ class Synth:
         self._seq[key] = seq + 1
         self._t += 10
         pid = 1000 + 10 * (engine == "D") + (rank + 1 if role == "worker" else 0)
-        world = self.world if engine == "P" else 1
+        world = self.world if engine == "P" else self.d_world
         self.events.append(Event(engine, "kv_both", role, rank, world, pid, seq, self._t, call,
                                  step, reqs, result))  # fmt: skip
 
@@ -56,8 +57,8 @@ class Synth:
         for r in sending:
             self.ev("P", "scheduler", 0, "free_blocks", (r,), free=10)
 
-    def read(self, rid: str, rank: int = 0) -> None:
-        self.ev("D", "worker", 0, "read", (f"d-{rid}",), remote_request_id=rid,
+    def read(self, rid: str, rank: int = 0, d_rank: int = 0) -> None:
+        self.ev("D", "worker", d_rank, "read", (f"d-{rid}",), remote_request_id=rid,
                 remote_rank=rank, remote_engine="P", posted=True)  # fmt: skip
 
     def recv(self, rid: str) -> None:
@@ -75,6 +76,26 @@ def one_request() -> list[Event]:
     s.read("a")
     s.recv("a")
     s.step(3, outs={0: ["a"]}, sending=("a",))
+    return s.events
+
+
+def d_tp2_round_trip(second_reader: int = 1, late_sibling: bool = False) -> list[Event]:
+    """P TP=1 -> D TP=2 (pd-d-tp2's shape): D ranks 0 and `second_reader` each READ their
+    heads of a from producer rank 0 (notifications "a:2"); P reports a after the second.
+    `late_sibling`: the second READ is posted after P freed a (a producer that counted one
+    notification: #56033's class)."""
+    s = Synth(d_world=2)
+    s.start()
+    s.ev("P", "scheduler", 0, "add_request", ("a",), free=10)
+    s.step(1, new=("a",), finished=("a",))
+    s.step(2)
+    s.read("a", d_rank=0)
+    if not late_sibling:
+        s.read("a", d_rank=second_reader)
+    s.recv("a")
+    s.step(3, outs={0: ["a"]}, sending=("a",))
+    if late_sibling:
+        s.read("a", d_rank=second_reader)
     return s.events
 
 

@@ -15,7 +15,7 @@ from kvspec.record.compact import compact
 from kvspec.record.log import RecordError, read_dir
 from kvspec.record.mapping import MappingError, map_recording
 from kvspec.validate import validate_events
-from synth_recording import busy_waiting, one_request, pcp2_fixed
+from synth_recording import busy_waiting, d_tp2_round_trip, one_request, pcp2_fixed
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = REPO / "conformance" / "recorded"
@@ -128,7 +128,7 @@ def test_compacting_a_committed_recording_again_changes_nothing() -> None:
 @pytest.mark.parametrize(
     "name",
     ["pd-basic", "pd-tp2", "pd-abort", "lease-expiry", "queued-heartbeats-shm-recheck",
-     "pd-kv-pressure", "pd-multi", "pd-mla", "pd-tp2-mla"],
+     "pd-kv-pressure", "pd-multi", "pd-mla", "pd-tp2-mla", "pd-d-tp2"],
 )
 def test_the_recorded_real_round_trips_are_admitted(name: str, tmp_path: Path) -> None:
     d = _recorded(name)
@@ -236,3 +236,46 @@ def test_a_decode_engine_that_never_read_is_still_a_consumer() -> None:
     events[1] = ev("D", "add_request", 2, remote_prefill=False)
     with pytest.raises(MappingError, match="found 2 producer engines"):
         _engines(events)
+
+
+def test_d_ranks_reading_their_heads_of_one_producer_rank_are_one_spec_read() -> None:
+    # D TP 2 > P TP 1 (pd-d-tp2): KVCompletion's READ of (r, w) is the first D rank's, the
+    # other rank's is a sibling that must be posted while it is in flight
+    log = map_recording(d_tp2_round_trip()).log
+    assert [e.describe() for e in log if "read" in e.a] == ["read r=1 w=0", "coread r=1 w=0"]
+    # the same D rank reading twice is two READs, as the spec sees it
+    log = map_recording(d_tp2_round_trip(second_reader=0)).log
+    assert [e.describe() for e in log if "read" in e.a] == ["read r=1 w=0"] * 2
+
+
+@pytest.mark.parametrize(
+    "events, at",
+    [
+        (d_tp2_round_trip(second_reader=0), lambda e: e.a == "read" and e.r == 1),
+        # #56033's count (P waits for one "r:n" whatever D reads): P freed r after D rank
+        # 0's READ, and D rank 1 READ freed blocks
+        (d_tp2_round_trip(late_sibling=True), lambda e: e.a == "coread"),
+    ],
+    ids=["one-rank-reads-twice", "sibling-after-the-free"],
+)
+def test_negative_controls_a_d_tp2_round_trip_is_rejected_at_the_bad_read(
+    events: list, at: object, tmp_path: Path
+) -> None:
+    reads = [n for n, e in enumerate(map_recording(events).log) if at(e)]  # type: ignore[operator]
+    assert _verdicts(events, tmp_path, ("fixed",)) == {"fixed": ("rejected", reads[-1])}
+
+
+def test_a_d_tp2_round_trip_is_admitted(tmp_path: Path) -> None:
+    assert _verdicts(d_tp2_round_trip(), tmp_path, ("fixed",))["fixed"][0] == "admitted"
+
+
+def test_a_real_d_tp2_sibling_read_after_the_free_is_rejected_at_it(tmp_path: Path) -> None:
+    """pd-d-tp2 (real engines, P TP 1 -> D TP 2) doctored: D rank 0's READ of the first
+    request moved after P's free of it, the run a producer that counted one of the two
+    "r:2" notifications would make. Rejected at that READ (a coread of a finished READ)."""
+    events = read_dir(_recorded("pd-d-tp2"))
+    rid = map_recording(events).requests
+    first = next(k for k, r in rid.items() if r == 1)
+    doc = doctored.sibling_read_after_free(events, "P", first)
+    at = _index_of(doc, lambda e: e.a == "coread" and e.r == 1)
+    assert _verdicts(doc, tmp_path, ("fixed",)) == {"fixed": ("rejected", at)}

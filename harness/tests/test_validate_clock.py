@@ -190,3 +190,37 @@ def test_mla_with_d_tp_above_1_is_not_mapped_onto_the_clock() -> None:
     with pytest.raises(MappingError, match="P TP > D TP > 1"):
         map_clock(doctored_tp)
     assert map_clock(_recorded("pd-tp2"), lease_s=120).log  # recorded before the lease was
+
+
+def test_every_d_ranks_send_of_one_heartbeat_is_one_clock_heartbeat(tmp_path: Path) -> None:
+    """pd-d-tp2 (real engines, P TP 1 -> D TP 2): D's scheduler packages a heartbeat and
+    every D rank sends it (base_worker.py _send_heartbeats), so the 4 recorded sends are
+    KVClock's 2 heartbeats; the run is admitted, reads safe."""
+    events = _recorded("pd-d-tp2")
+    meta = json.loads((RECORDED / "pd-d-tp2" / "expect.json").read_text())["clock"]
+    assert sum(1 for e in events if e.call == "heartbeat_send") == meta["sends"]
+    verdict, explained, safe, log = _verdict(events, tmp_path)
+    assert sum(1 for e in log if e.a == "hb") == meta["heartbeats"]
+    assert (verdict, explained, safe) == ("admitted", len(log), "safe")
+
+
+def test_negative_control_each_d_ranks_send_as_a_heartbeat_is_rejected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same run mapped with one heartbeat per send: four within 30 ms, where KVClock's
+    D heartbeats once per tick: rejected at a heartbeat."""
+    from kvspec.record import clock_mapping
+
+    grouped = clock_mapping._d_heartbeats
+    monkeypatch.setattr(clock_mapping, "_d_heartbeats",
+                        lambda ev, m: [[e] for g in grouped(ev, m) for e in g])  # fmt: skip
+    verdict, explained, _, log = _verdict(_recorded("pd-d-tp2"), tmp_path)
+    assert verdict == "rejected" and log[explained].a == "hb"
+
+
+def test_heartbeats_of_different_payloads_are_not_one_heartbeat() -> None:
+    events = _recorded("pd-d-tp2")
+    hit = next(e for e in events if e.call == "heartbeat_send" and e.rank == 1)
+    doc = [replace(e, reqs=("other",)) if e is hit else e for e in events]
+    with pytest.raises(MappingError, match="carry different requests"):
+        map_clock(doc)

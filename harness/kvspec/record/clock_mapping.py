@@ -100,33 +100,56 @@ def _rank(label: str) -> int:
     return int(tp)
 
 
-def _heartbeats(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]]:
-    """(the recorded event where it takes effect, the spec heartbeat) per D heartbeat."""
+def _d_heartbeats(events: list[Event], m: Mapped) -> list[list[Event]]:
+    """D's heartbeats to the producer, each as the sends of every D rank. D's scheduler
+    packages one per interval into the step's metadata (base_scheduler.py:508-512) and
+    every D rank sends it from that step's `_send_heartbeats` (base_worker.py:3179-3210),
+    so the k-th send of each rank is one KVClock heartbeat (D TP > 1: pd-d-tp2)."""
     sends = [e for e in events if e.role == "worker" and e.call == "heartbeat_send"
              and e.result.get("remote_engine") == m.producer]  # fmt: skip
-    senders = sorted({(e.engine, e.rank) for e in sends})
-    if len(senders) > 1:
-        raise MappingError(f"heartbeats to {m.producer} from {len(senders)} decode workers "
-                           f"({senders}): KVClock models one decode worker's")  # fmt: skip
+    by_rank: dict[tuple[str, int], list[Event]] = defaultdict(list)
+    for e in sorted(sends, key=_key):
+        by_rank[(e.engine, e.rank)].append(e)
+    if len({eng for eng, _ in by_rank}) > 1:
+        raise MappingError(f"heartbeats to {m.producer} from {len(by_rank)} decode workers "
+                           f"of several engines ({sorted(by_rank)}): KVClock models one "
+                           "decode engine's")  # fmt: skip
+    groups: list[list[Event]] = []
+    for k in range(max((len(v) for v in by_rank.values()), default=0)):
+        group = [v[k] for v in by_rank.values() if k < len(v)]
+        if len({frozenset(e.reqs) for e in group}) > 1:
+            raise MappingError(f"decode ranks' heartbeat #{k + 1} to {m.producer} carry "
+                               f"different requests ({[list(e.reqs) for e in group]}): "
+                               "they are not one packaged heartbeat")  # fmt: skip
+        groups.append(sorted(group, key=_key))
+    return groups
+
+
+def _heartbeats(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]]:
+    """(the recorded event where it takes effect, the spec heartbeat) per D heartbeat:
+    swallowed where no D rank's send went out (every rank's handshake pending), else lost
+    at the producer ranks none of its sends reached."""
     recvs: dict[int, list[Event]] = defaultdict(list)
     for e in events:
         if e.engine == m.producer and e.call == "heartbeat_recv":
             recvs[e.rank].append(e)
     nxt: dict[int, int] = defaultdict(int)
     out: list[tuple[Event, ClockEvent]] = []
-    for s in sends:
+    for group in _d_heartbeats(events, m):
+        s = group[0]
         names = tuple(sorted(m.requests[x] for x in s.reqs if x in m.requests))
-        sent = [_rank(str(x)) for x in s.result.get("sent", []) or []]
-        failed = [_rank(str(x)) for x in s.result.get("failed", []) or []]
+        sent = [_rank(str(x)) for e in group for x in e.result.get("sent", []) or []]
+        failed = [_rank(str(x)) for e in group for x in e.result.get("failed", []) or []]
         if not sent and not failed:
             out.append((s, ClockEvent("hb", swallow=True, names=names, source=s)))
             continue
         got: list[Event] = []
-        for w in sorted(set(sent)):
-            queue = recvs[w]
-            if nxt[w] < len(queue) and set(queue[nxt[w]].reqs) == set(s.reqs):
-                got.append(queue[nxt[w]])
-                nxt[w] += 1
+        for w in sorted(set(sent)):  # one receipt per D rank that sent to w
+            for _ in range(sent.count(w)):
+                queue = recvs[w]
+                if nxt[w] < len(queue) and set(queue[nxt[w]].reqs) == set(s.reqs):
+                    got.append(queue[nxt[w]])
+                    nxt[w] += 1
         lost = frozenset(range(m.world)) - {e.rank for e in got}
         out.append((s, ClockEvent("hb", lost=lost, names=names, source=s)))
     for w, queue in recvs.items():

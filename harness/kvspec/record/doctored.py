@@ -80,3 +80,18 @@ def drop_heartbeat_receipts(events: list[Event], producer: str) -> list[Event]:
     """The producer's `_handle_heartbeat` never ran (the heartbeats were lost, or a
     handler that ignores them): yet P did not reap the leases when they ran out."""
     return [e for e in events if not (e.engine == producer and e.call == "heartbeat_recv")]
+
+
+def sibling_read_after_free(events: list[Event], producer: str, rid: str) -> list[Event]:
+    """D TP > P TP: the last D rank's READ of `rid` is posted just after the producer freed
+    it, as under a producer that frees at the first of the D ranks' "r:n" (one consumer
+    counted: #56033's class): that D rank READs freed blocks."""
+    reads = [e for e in events if e.call == "read" and e.result.get("remote_request_id") == rid]
+    if len({(e.engine, e.rank) for e in reads}) < 2:
+        raise ValueError(f"{rid} was read by one decode rank: no sibling READ to move")
+    free = events[_first(events, lambda e: e.engine == producer and e.call == "free_blocks"
+                         and rid in e.reqs)]  # fmt: skip
+    last = reads[-1]
+    rest = [e for e in events if e is not last]
+    return sorted([*rest, replace(last, t_ns=free.t_ns + 1)],
+                  key=lambda e: (e.t_ns, e.pid, e.seq))  # fmt: skip

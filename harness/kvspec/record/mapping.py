@@ -38,9 +38,9 @@ class SpecEvent:
 
     def describe(self) -> str:
         parts = [self.a]
-        if self.a in ("arrive", "abort", "read", "recv"):
+        if self.a in ("arrive", "abort", "read", "coread", "recv"):
             parts.append(f"r={self.r}")
-        if self.a == "read":
+        if self.a in ("read", "coread"):
             parts.append(f"w={self.w}")
         if self.a == "schedule":
             parts.append(f"batch={sorted(self.batch)}")
@@ -155,6 +155,7 @@ def map_recording(events: list[Event], *, drop: bool = True) -> Mapped:
         k += 1
 
     d_to_p: dict[str, str] = {}  # a consumer's request id -> the producer's
+    read_by: dict[tuple[str, int], set[tuple[str, int]]] = {}  # (r, w) -> (engine, D rank)
     log: list[SpecEvent] = []
     finishing: set[int] = set()
     arrived: set[int] = set()
@@ -189,7 +190,16 @@ def map_recording(events: list[Event], *, drop: bool = True) -> Mapped:
                 if not 0 <= w < world:
                     raise MappingError(f"{e.engine} rank {e.rank} read from producer rank "
                                        f"{w}, outside 0..{world - 1}")  # fmt: skip
-                log.append(SpecEvent("read", r=r_of(prid), w=w, source=e))
+                # D TP > P TP: several D ranks READ their heads of r from rank w, and w
+                # frees r at the last "r:n" (pull_worker.py:_get_new_notifs, 0.32).
+                # KVCompletion has one consumer per producer rank (n = 1): its READ of
+                # (r, w) is the first D rank's, the others are "coread"s that KVTrace
+                # requires while that READ is in flight (its notification is the last).
+                readers = read_by.setdefault((prid, w), set())
+                readers.add((e.engine, e.rank))
+                sibling = len(readers) > 1 and len({eng for eng, _ in readers}) == 1
+                log.append(SpecEvent("coread" if sibling else "read", r=r_of(prid), w=w,
+                                     source=e))  # fmt: skip
             elif e.call == "get_transfer_results":
                 for rid in sorted(e.ids("finished_recving")):
                     if rid in d_to_p:
