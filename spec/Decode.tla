@@ -40,6 +40,8 @@ CONSTANTS
                   \* handshake; FALSE: handshaken before any request (the drivers' set-up)
     HandshakeFail,\* the background handshake may fail (the producer's side channel is
                   \* down, a metadata mismatch): its deferred entries fail
+    SplitFail,    \* a failed handshake's entries may fail over several D steps (their
+                  \* callbacks run one by one: recorded); FALSE: all in one (the driver)
     Bug           \* "none" (0.32 as shipped) or a bug of the history re-introduced
 
 Bugs == {"none", "abort-frees-at-once", "full-hit-registered", "failure-only-logged",
@@ -52,6 +54,7 @@ ASSUME
     /\ Bug \in Bugs
     /\ AsyncScheduling \in BOOLEAN
     /\ Handshake \in BOOLEAN /\ InStepEnd \in BOOLEAN /\ HandshakeFail \in BOOLEAN
+    /\ SplitFail \in BOOLEAN
 
 DRanks == 0 .. (DTP - 1)
 PRanks == 0 .. (PTP - 1)
@@ -414,6 +417,24 @@ handshake_fail(w) ==
     /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
                    rem, pin, pcnt, pst, echo, rdy>>
 
+(* The same failure seen between its callbacks (SplitFail).  The future's  *)
+(* callbacks run in order on the handshake thread: done_callback (the      *)
+(* future removed, BW:1306-1325), then each deferred entry's request_ready *)
+(* (1345-1360), logging a traceback each; D's worker steps meanwhile, so   *)
+(* one get_finished can report some entries failed and a later one the     *)
+(* rest (recorded: pd-tp2-mqa, two steps apart).  The entries in S have     *)
+(* failed, the others not yet; handshake_fail is the last callback.  An    *)
+(* entry deferred in this window joins the rest here (vLLM would start a  *)
+(* new handshake for it: the future is gone), a window not modelled.       *)
+handshake_fail_part(w, S) ==
+    /\ SplitFail /\ HandshakeFail /\ hsd[w] = "pending"
+    /\ S # {} /\ S \subseteq hsq[w] /\ S # hsq[w]
+    /\ hfl' = [hfl EXCEPT ![w] = @ \cup {e[1] : e \in S}]
+    /\ hsq' = [hsq EXCEPT ![w] = @ \ S]
+    /\ failed' = failed \cup {e[1] : e \in S}
+    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
+                   rem, pin, pcnt, pst, echo, hsd, rdy>>
+
 (* Producer rank p's _get_new_notifs (PW:642-693) counts "r:n"; at n it    *)
 (* reports r done sending and its blocks are freed.  A late one is dropped.*)
 deliver(p, r) ==
@@ -471,6 +492,7 @@ Next ==
     \/ \E r \in Reqs : abort(r) \/ complete(r) \/ child_send_done(r)
     \/ ReadEnd
     \/ \E w \in DRanks : handshake_start(w) \/ handshake_done(w) \/ handshake_fail(w)
+    \/ \E w \in DRanks : \E S \in SUBSET hsq[w] : handshake_fail_part(w, S)
     \/ \E p \in PRanks, r \in Reqs : deliver(p, r) \/ lease_expire(p, r)
     \/ (Done \/ crashed) /\ UNCHANGED vars  \* the end, or a dead EngineCore: no deadlock
 

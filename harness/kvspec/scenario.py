@@ -40,6 +40,8 @@ MODEL_CONFIG = {
 # CUDA (the selector drops backends without supports_pcp, v1/attention/backend.py:341-342).
 MODEL_CONFIGS = {
     "llama": MODEL_CONFIG,
+    # one KV head: at TP 2 every rank holds a replica of it (GQA replication)
+    "mqa": {**MODEL_CONFIG, "num_key_value_heads": 1},
     "mla": json.loads((files("kvspec") / "data" / "tiny-deepseek-mla" / "config.json").read_text()),
 }
 
@@ -85,6 +87,9 @@ class Scenario:
     # wait for the lease. make e2e met this failure by chance under load (pd-tp2).
     dead_port: bool = False
     load_policy: str = ""  # D's kv_load_failure_policy; "": vLLM's default ("fail")
+    # D's handshake with P is refused by vLLM itself (a topology it does not support), so
+    # D's loads fail as with dead_port
+    refused: bool = False
     # D's client aborts the d_abort requests this many seconds after adding them (0: at
     # once): with dead_port, while they wait in WAITING_FOR_REMOTE_KVS with blocks
     d_abort_after_s: float = 0.0
@@ -111,6 +116,12 @@ SCENARIOS = {
         Scenario("pd-tp2-mla", "MLA, P at TP 2 -> D at TP 1: D READs producer rank 0 and "
                  "sends rank 1 a notify-only message (pull_worker.py)", tp=2, lease=120,
                  model="mla"),
+        # vLLM refuses P TP > D TP with replicated KV heads (non-MLA, non-Mamba) at D's
+        # handshake: a bare assert (base_worker.py:2448-2451), so D fails every request and
+        # P frees at its lease; nothing refuses the topology at start-up
+        Scenario("pd-tp2-mqa", "P at TP 2 -> D at TP 1 with one KV head, replicated on both "
+                 "P ranks: vLLM's handshake refuses it, D fails both requests, P frees at "
+                 "its 6 s lease", tp=2, lease=6, model="mqa", refused=True),
         Scenario("pd-d-tp2", "P at TP 1 -> D at TP 2: both D ranks READ their KV heads "
                  "from producer rank 0, which frees only after both notifications (\"r:2\", "
                  "pull_worker.py _get_new_notifs)", d_tp=2, lease=120),
@@ -328,7 +339,7 @@ def _outputs_check(sc: Scenario, got: list[dict[str, Any]],
     """D's outputs against a local run of the same prompts; where D's load fails under the
     "fail" policy, every request must end in error instead (FinishReason.ERROR)."""
     kept = [n for n in range(len(got)) if n not in sc.d_abort]  # D's aborts: no output
-    if sc.dead_port and sc.load_policy != "recompute":
+    if (sc.dead_port or sc.refused) and sc.load_policy != "recompute":
         reasons = [got[n].get("finish") for n in kept]
         return Check("D failed every request (kv_load_failure_policy fail)",
                      reasons == ["error"] * len(kept), f"finish reasons {reasons}")

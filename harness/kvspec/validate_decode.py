@@ -61,6 +61,8 @@ def constants(m: DecodeMapped, bug: str) -> dict[str, str]:
         # a real handshake may fail (its entries are then reported failed with no READ):
         # what vLLM can do is admitted
         "HandshakeFail": "TRUE",
+        # ... and its entries fail one callback at a time (recorded: pd-tp2-mqa)
+        "SplitFail": "TRUE",
         # D's pool in requests (decode_mapping.d_capacity); unknown: every request fits
         "TraceCap": str(m.capacity or max(1, len(m.requests))),
     }  # fmt: skip

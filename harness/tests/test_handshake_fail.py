@@ -28,6 +28,9 @@ META = json.loads((RUN / "expect.json").read_text())
 RECOMPUTE = RECORDED / "pd-handshake-fail-recompute"
 # the same failure with request 2 aborted on D while it waited for its KV with blocks
 ABORT = RECORDED / "pd-handshake-fail-abort"
+# vLLM's own handshake refusing a topology (P TP 2 > D TP 1, one KV head): its entries
+# failed over two D steps, one callback at a time
+REFUSED = RECORDED / "pd-tp2-mqa"
 
 
 def _events(run: Path = RUN) -> list[Event]:
@@ -57,7 +60,7 @@ KEY = {(RUN, "failure-only-logged"), (ABORT, "abort-frees-at-once")}
 
 def _decode_cases() -> list[Any]:
     out = []
-    for run in (RUN, RECOMPUTE, ABORT):
+    for run in (RUN, RECOMPUTE, ABORT, REFUSED):
         meta = json.loads((run / "expect.json").read_text())
         for bug in ["none", *meta["decode_rejected_by"]]:
             key = bug == "none" or (run, bug) in KEY
@@ -156,3 +159,28 @@ def test_without_the_producer_request_at_add_request_d_cannot_be_mapped() -> Non
     with pytest.raises(MappingError, match="read from 0 producer engines"):
         map_decode(events)
     assert not any(e.a == "abandon" for e in map_clock(events).log)
+
+
+def test_a_refused_handshake_fails_its_entries_over_two_steps() -> None:
+    """pd-tp2-mqa: vLLM's handshake check refused the topology (an AssertionError in the
+    handshake future); its callbacks failed request 1 and request 2 one at a time, and D's
+    worker stepped between them (read off the recording)."""
+    reports = [e.ids("failed_recving") for e in _events(REFUSED) if e.engine == "D"
+               and e.role == "worker" and e.call == "get_transfer_results"
+               and e.ids("failed_recving")]  # fmt: skip
+    assert len(reports) == 2 and all(len(r) == 1 for r in reports)
+
+
+def test_negative_control_failing_every_entry_at_once_rejects_the_refused_run(
+    tmp_path: Path,
+) -> None:
+    """Decode.tla's handshake_fail fails every deferred entry in one step; without
+    SplitFail (handshake_fail_part) the refused run is rejected where D reported request 1
+    failed alone."""
+    meta = json.loads((REFUSED / "expect.json").read_text())
+    m = map_decode(_events(REFUSED))
+    v = check_bug(m, "none", tmp_path, extra={"SplitFail": "FALSE"})
+    _decided(v.verdict, v.detail)
+    first = next(n for n, e in enumerate(m.log) if e.a == "execute" and any(e.fail))
+    assert (v.verdict, v.explained) == ("rejected", first)
+    assert m.log[first].a == meta["decode_rejected_without_split_fail"]
