@@ -125,6 +125,9 @@ SCENARIOS = {
         Scenario("pd-d-tp2", "P at TP 1 -> D at TP 2: both D ranks READ their KV heads "
                  "from producer rank 0, which frees only after both notifications (\"r:2\", "
                  "pull_worker.py _get_new_notifs)", d_tp=2, lease=120),
+        Scenario("pd-d-tp2-decode-abort", "pd-d-tp2, and the client aborts the second "
+                 "request on D at once: each D rank sends P rank 0 its notify-only \"r:2\" "
+                 "for the aborted load", d_tp=2, d_abort=(1,), lease=120),
         Scenario("pd-multi", "P -> D, both engines MultiConnector(NIXL, ExampleConnector): "
                  "the in-tree child stores on P and finds nothing to load on D",
                  connector="MultiConnector", lease=120),

@@ -128,7 +128,8 @@ def test_compacting_a_committed_recording_again_changes_nothing() -> None:
 @pytest.mark.parametrize(
     "name",
     ["pd-basic", "pd-tp2", "pd-abort", "lease-expiry", "queued-heartbeats-shm-recheck",
-     "pd-kv-pressure", "pd-multi", "pd-mla", "pd-tp2-mla", "pd-d-tp2"],
+     "pd-kv-pressure", "pd-multi", "pd-mla", "pd-tp2-mla", "pd-d-tp2",
+     "pd-d-tp2-decode-abort"],
 )
 def test_the_recorded_real_round_trips_are_admitted(name: str, tmp_path: Path) -> None:
     d = _recorded(name)
