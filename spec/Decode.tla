@@ -40,8 +40,9 @@ CONSTANTS
                   \* handshake; FALSE: handshaken before any request (the drivers' set-up)
     HandshakeFail,\* the background handshake may fail (the producer's side channel is
                   \* down, a metadata mismatch): its deferred entries fail
-    SplitFail,    \* a failed handshake's entries may fail over several D steps (their
-                  \* callbacks run one by one: recorded); FALSE: all in one (the driver)
+    SplitCallbacks, \* a failed handshake's future runs its entries' callbacks one by one
+                  \* while D steps (recorded: two steps apart); FALSE: all at once, as
+                  \* the decode driver settles them
     Bug           \* "none" (0.32 as shipped) or a bug of the history re-introduced
 
 Bugs == {"none", "abort-frees-at-once", "full-hit-registered", "failure-only-logged",
@@ -54,7 +55,7 @@ ASSUME
     /\ Bug \in Bugs
     /\ AsyncScheduling \in BOOLEAN
     /\ Handshake \in BOOLEAN /\ InStepEnd \in BOOLEAN /\ HandshakeFail \in BOOLEAN
-    /\ SplitFail \in BOOLEAN
+    /\ SplitCallbacks \in BOOLEAN
 
 DRanks == 0 .. (DTP - 1)
 PRanks == 0 .. (PTP - 1)
@@ -104,9 +105,11 @@ VARIABLES
     hsd,       \* worker w's handshake with the producer engine: none | pending | done
     hsq,       \* worker w's receive entries deferred to the handshake, <<r, awaited>>
     rdy,       \* ... whose handshake completed (_ready_requests): posted at w's next step
-    hfl        \* ... whose handshake failed (_failed_recv_reqs): handled at w's next poll
+    hfl,       \* ... whose handshake failed (_failed_recv_reqs): handled at w's next poll
+    cbq        \* SplitCallbacks: deferred entries whose future failed, their callback
+               \* not yet run: <<entry, ok>> (ok: FALSE; TRUE kept for a split success)
 
-hsv == <<hsd, hsq, rdy, hfl>>
+hsv == <<hsd, hsq, rdy, hfl, cbq>>
 vars == <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h, rem,
           pin, pcnt, pst, failed, echo, hsv>>
 
@@ -133,6 +136,7 @@ TypeOK ==
     /\ hsq \in [DRanks -> SUBSET (Reqs \X BOOLEAN)]
     /\ rdy \in [DRanks -> SUBSET (Reqs \X BOOLEAN)]
     /\ hfl \in [DRanks -> SUBSET Reqs]
+    /\ cbq \in [DRanks -> SUBSET ((Reqs \X BOOLEAN) \X BOOLEAN)]
 
 Init ==
     /\ st = [r \in Reqs |-> "new"]
@@ -147,7 +151,7 @@ Init ==
     /\ pst = [p \in PRanks |-> [r \in Reqs |-> "held"]]
     /\ failed = {} /\ echo = {}
     /\ hsd = [w \in DRanks |-> IF Handshake THEN "none" ELSE "done"]
-    /\ hsq = None /\ rdy = None /\ hfl = None
+    /\ hsq = None /\ rdy = None /\ hfl = None /\ cbq = None
 
 \* Hooks DecodeTrace.tla overrides (its cfg: Arrived <- TraceArrived, Busy <- TraceBusy).
 \* Arrived: r has reached D's scheduler (add_request); here every request has.  Busy: D's
@@ -297,7 +301,7 @@ execute ==
           /\ rdy' = [w \in DRanks |-> new[w].rdy]
           /\ hfl' = [w \in DRanks |-> new[w].hfl]
     /\ sendDone' = {} /\ echo' = {}
-    /\ UNCHANGED <<st, fRecv, fFail, sendPend, crashed, cleanup, rem, pcnt, pst>>
+    /\ UNCHANGED <<st, fRecv, fFail, sendPend, crashed, cleanup, rem, pcnt, pst, cbq>>
 
 (* Scheduler.finish_requests (S:2649-2712) of an active request, then      *)
 (* _free_request -> request_finished: a WFRK request keeps its blocks      *)
@@ -390,50 +394,59 @@ handshake_start(w) ==
     /\ \E r \in Reqs : st[r] \in {"new", "wfrk"}
     /\ hsd' = [hsd EXCEPT ![w] = "pending"]
     /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
-                   rem, pin, pcnt, pst, failed, echo, hsq, rdy, hfl>>
+                   rem, pin, pcnt, pst, failed, echo, hsq, rdy, hfl, cbq>>
 
-(* The background handshake completes (its future's callbacks: the agents *)
-(* are registered, BW:1304-1316, and each deferred entry joins             *)
-(* _ready_requests, 1345-1350).                                             *)
+(* The background handshake completes: its future's done_callback         *)
+(* registers the agents (BW:1304-1316), then each deferred entry's         *)
+(* request_ready puts it on _ready_requests (1345-1350).  Modelled at once *)
+(* even with SplitCallbacks: these callbacks only enqueue (a failure's log *)
+(* a traceback each), no recording has a step between them, and split they *)
+(* would let a ready entry wait unboundedly (the model has no time), which *)
+(* explains a D that under-admits (measured: the pd-decode-kv-pressure     *)
+(* negative control is then admitted).                                     *)
 handshake_done(w) ==
     /\ hsd[w] = "pending"
     /\ hsd' = [hsd EXCEPT ![w] = "done"]
-    /\ rdy' = [rdy EXCEPT ![w] = @ \cup hsq[w]]
     /\ hsq' = [hsq EXCEPT ![w] = {}]
+    /\ rdy' = [rdy EXCEPT ![w] = @ \cup hsq[w]]
+    /\ UNCHANGED cbq
     /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
                    rem, pin, pcnt, pst, failed, echo, hfl>>
 
-(* The background handshake fails: its future's callback logs it and      *)
-(* registers no agents (BW:1317-1325), so the next deferred entry starts  *)
-(* a new one; each deferred entry's request_ready callback puts it on     *)
-(* _failed_recv_reqs (1353-1360).  Nothing is sent to the producer: its   *)
-(* blocks wait for the lease.  Not fair.                                  *)
+(* The background handshake fails: its future's done_callback logs it,    *)
+(* registers no agents and removes the future (BW:1306-1325), so the next  *)
+(* deferred entry starts a new handshake; each deferred entry's            *)
+(* request_ready callback puts it on _failed_recv_reqs (1353-1360).        *)
+(* Nothing is sent to the producer: its blocks wait for the lease.  Not    *)
+(* fair.  With SplitCallbacks the entries wait for their callbacks.        *)
 handshake_fail(w) ==
     /\ HandshakeFail /\ hsd[w] = "pending"
     /\ hsd' = [hsd EXCEPT ![w] = "none"]
-    /\ hfl' = [hfl EXCEPT ![w] = @ \cup {e[1] : e \in hsq[w]}]
     /\ hsq' = [hsq EXCEPT ![w] = {}]
-    /\ failed' = failed \cup {e[1] : e \in hsq[w]}
+    /\ IF SplitCallbacks
+       THEN /\ cbq' = [cbq EXCEPT ![w] = @ \cup {<<e, FALSE>> : e \in hsq[w]}]
+            /\ UNCHANGED <<hfl, failed>>
+       ELSE /\ hfl' = [hfl EXCEPT ![w] = @ \cup {e[1] : e \in hsq[w]}]
+            /\ failed' = failed \cup {e[1] : e \in hsq[w]}
+            /\ UNCHANGED cbq
     /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
                    rem, pin, pcnt, pst, echo, rdy>>
 
-(* The same failure seen between its callbacks (SplitFail).  The future's  *)
-(* callbacks run in order on the handshake thread: done_callback (the      *)
-(* future removed, BW:1306-1325), then each deferred entry's request_ready *)
-(* (1345-1360), logging a traceback each; D's worker steps meanwhile, so   *)
-(* one get_finished can report some entries failed and a later one the     *)
-(* rest (recorded: pd-tp2-mqa, two steps apart).  The entries in S have     *)
-(* failed, the others not yet; handshake_fail is the last callback.  An    *)
-(* entry deferred in this window joins the rest here (vLLM would start a  *)
-(* new handshake for it: the future is gone), a window not modelled.       *)
-handshake_fail_part(w, S) ==
-    /\ SplitFail /\ HandshakeFail /\ hsd[w] = "pending"
-    /\ S # {} /\ S \subseteq hsq[w] /\ S # hsq[w]
-    /\ hfl' = [hfl EXCEPT ![w] = @ \cup {e[1] : e \in S}]
-    /\ hsq' = [hsq EXCEPT ![w] = @ \ S]
-    /\ failed' = failed \cup {e[1] : e \in S}
+(* One entry's callback (request_ready) runs (SplitCallbacks).  A future   *)
+(* runs its callbacks in order on the handshake thread, each logging, while *)
+(* D's worker steps: one get_finished can report some entries failed and a *)
+(* later one the rest (recorded: pd-tp2-mqa, two steps apart).             *)
+handshake_callback(w, x) ==
+    /\ x \in cbq[w]
+    /\ cbq' = [cbq EXCEPT ![w] = @ \ {x}]
+    /\ IF x[2]
+       THEN /\ rdy' = [rdy EXCEPT ![w] = @ \cup {x[1]}]
+            /\ UNCHANGED <<hfl, failed>>
+       ELSE /\ hfl' = [hfl EXCEPT ![w] = @ \cup {x[1][1]}]
+            /\ failed' = failed \cup {x[1][1]}
+            /\ UNCHANGED rdy
     /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
-                   rem, pin, pcnt, pst, echo, hsd, rdy>>
+                   rem, pin, pcnt, pst, echo, hsd, hsq>>
 
 (* Producer rank p's _get_new_notifs (PW:642-693) counts "r:n"; at n it    *)
 (* reports r done sending and its blocks are freed.  A late one is dropped.*)
@@ -467,7 +480,9 @@ lease_expire(p, r) ==
     /\ \A i \in 1 .. Len(steps) : steps[i].ran \/ r \notin steps[i].recv
     /\ r \notin cleanup
     /\ \A w \in DRanks : h[w][r][p] # "proc"
-    /\ WorkersStepAgain => \A w \in DRanks, b \in BOOLEAN : <<r, b>> \notin hsq[w] \cup rdy[w]
+    /\ WorkersStepAgain => \A w \in DRanks, b \in BOOLEAN :
+          /\ <<r, b>> \notin hsq[w] \cup rdy[w]
+          /\ \A ok \in BOOLEAN : <<<<r, b>>, ok>> \notin cbq[w]
     /\ pin[p][r] = 0
     /\ pst' = [pst EXCEPT ![p][r] = "expired"]
     /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
@@ -492,7 +507,7 @@ Next ==
     \/ \E r \in Reqs : abort(r) \/ complete(r) \/ child_send_done(r)
     \/ ReadEnd
     \/ \E w \in DRanks : handshake_start(w) \/ handshake_done(w) \/ handshake_fail(w)
-    \/ \E w \in DRanks : \E S \in SUBSET hsq[w] : handshake_fail_part(w, S)
+    \/ \E w \in DRanks : \E x \in cbq[w] : handshake_callback(w, x)
     \/ \E p \in PRanks, r \in Reqs : deliver(p, r) \/ lease_expire(p, r)
     \/ (Done \/ crashed) /\ UNCHANGED vars  \* the end, or a dead EngineCore: no deadlock
 
@@ -504,6 +519,7 @@ Spec == Init /\ [][Next]_vars
         /\ WF_vars(schedule) /\ WF_vars(execute) /\ WF_vars(update)
         /\ WF_vars(ReadEnd)
         /\ WF_vars(\E w \in DRanks : handshake_done(w))
+        /\ WF_vars(\E w \in DRanks : \E x \in cbq[w] : handshake_callback(w, x))
         /\ WF_vars(\E p \in PRanks, r \in Reqs : deliver(p, r))
         /\ WF_vars(\E p \in PRanks, r \in Reqs : lease_expire(p, r))
         /\ WF_vars(\E r \in Reqs : child_send_done(r))

@@ -61,7 +61,7 @@ DECODE = Sweep(
         Const("AsyncScheduling", "async_scheduling", "bool"),
         Const("Handshake", "handshake", "bool"),
         Const("HandshakeFail", "handshake_fail", "bool"),
-        Const("SplitFail", "split_fail", "bool"),
+        Const("SplitCallbacks", "split_callbacks", "bool"),
         Const("InStepEnd", "in_step_end", "bool"),
         Const("Bug", "bug", "str", BUGS),
     ),

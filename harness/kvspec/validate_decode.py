@@ -61,8 +61,9 @@ def constants(m: DecodeMapped, bug: str) -> dict[str, str]:
         # a real handshake may fail (its entries are then reported failed with no READ):
         # what vLLM can do is admitted
         "HandshakeFail": "TRUE",
-        # ... and its entries fail one callback at a time (recorded: pd-tp2-mqa)
-        "SplitFail": "TRUE",
+        # ... and a handshake future runs its entries' callbacks one by one while D steps
+        # (recorded: pd-tp2-mqa's failure, two steps apart)
+        "SplitCallbacks": "TRUE",
         # D's pool in requests (decode_mapping.d_capacity); unknown: every request fits
         "TraceCap": str(m.capacity or max(1, len(m.requests))),
     }  # fmt: skip
