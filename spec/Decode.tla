@@ -106,8 +106,8 @@ VARIABLES
     hsq,       \* worker w's receive entries deferred to the handshake, <<r, awaited>>
     rdy,       \* ... whose handshake completed (_ready_requests): posted at w's next step
     hfl,       \* ... whose handshake failed (_failed_recv_reqs): handled at w's next poll
-    cbq        \* SplitCallbacks: deferred entries whose future failed, their callback
-               \* not yet run: <<entry, ok>> (ok: FALSE; TRUE kept for a split success)
+    cbq        \* SplitCallbacks: deferred entries whose handshake failed, their
+               \* request_ready callback not yet run, <<r, awaited>>
 
 hsv == <<hsd, hsq, rdy, hfl, cbq>>
 vars == <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h, rem,
@@ -136,7 +136,7 @@ TypeOK ==
     /\ hsq \in [DRanks -> SUBSET (Reqs \X BOOLEAN)]
     /\ rdy \in [DRanks -> SUBSET (Reqs \X BOOLEAN)]
     /\ hfl \in [DRanks -> SUBSET Reqs]
-    /\ cbq \in [DRanks -> SUBSET ((Reqs \X BOOLEAN) \X BOOLEAN)]
+    /\ cbq \in [DRanks -> SUBSET (Reqs \X BOOLEAN)]
 
 Init ==
     /\ st = [r \in Reqs |-> "new"]
@@ -409,9 +409,8 @@ handshake_done(w) ==
     /\ hsd' = [hsd EXCEPT ![w] = "done"]
     /\ hsq' = [hsq EXCEPT ![w] = {}]
     /\ rdy' = [rdy EXCEPT ![w] = @ \cup hsq[w]]
-    /\ UNCHANGED cbq
     /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
-                   rem, pin, pcnt, pst, failed, echo, hfl>>
+                   rem, pin, pcnt, pst, failed, echo, hfl, cbq>>
 
 (* The background handshake fails: its future's done_callback logs it,    *)
 (* registers no agents and removes the future (BW:1306-1325), so the next  *)
@@ -424,7 +423,7 @@ handshake_fail(w) ==
     /\ hsd' = [hsd EXCEPT ![w] = "none"]
     /\ hsq' = [hsq EXCEPT ![w] = {}]
     /\ IF SplitCallbacks
-       THEN /\ cbq' = [cbq EXCEPT ![w] = @ \cup {<<e, FALSE>> : e \in hsq[w]}]
+       THEN /\ cbq' = [cbq EXCEPT ![w] = @ \cup hsq[w]]
             /\ UNCHANGED <<hfl, failed>>
        ELSE /\ hfl' = [hfl EXCEPT ![w] = @ \cup {e[1] : e \in hsq[w]}]
             /\ failed' = failed \cup {e[1] : e \in hsq[w]}
@@ -432,21 +431,18 @@ handshake_fail(w) ==
     /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
                    rem, pin, pcnt, pst, echo, rdy>>
 
-(* One entry's callback (request_ready) runs (SplitCallbacks).  A future   *)
-(* runs its callbacks in order on the handshake thread, each logging, while *)
-(* D's worker steps: one get_finished can report some entries failed and a *)
-(* later one the rest (recorded: pd-tp2-mqa, two steps apart).             *)
-handshake_callback(w, x) ==
-    /\ x \in cbq[w]
-    /\ cbq' = [cbq EXCEPT ![w] = @ \ {x}]
-    /\ IF x[2]
-       THEN /\ rdy' = [rdy EXCEPT ![w] = @ \cup {x[1]}]
-            /\ UNCHANGED <<hfl, failed>>
-       ELSE /\ hfl' = [hfl EXCEPT ![w] = @ \cup {x[1][1]}]
-            /\ failed' = failed \cup {x[1][1]}
-            /\ UNCHANGED rdy
+(* One failed entry's callback (request_ready) runs (SplitCallbacks).  A   *)
+(* future runs its callbacks in order on the handshake thread, each        *)
+(* logging, while D's worker steps: one get_finished can report some       *)
+(* entries failed and a later one the rest (recorded: pd-tp2-mqa, two steps *)
+(* apart).                                                                 *)
+handshake_callback(w, e) ==
+    /\ e \in cbq[w]
+    /\ cbq' = [cbq EXCEPT ![w] = @ \ {e}]
+    /\ hfl' = [hfl EXCEPT ![w] = @ \cup {e[1]}]
+    /\ failed' = failed \cup {e[1]}
     /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
-                   rem, pin, pcnt, pst, echo, hsd, hsq>>
+                   rem, pin, pcnt, pst, echo, hsd, hsq, rdy>>
 
 (* Producer rank p's _get_new_notifs (PW:642-693) counts "r:n"; at n it    *)
 (* reports r done sending and its blocks are freed.  A late one is dropped.*)
@@ -481,8 +477,7 @@ lease_expire(p, r) ==
     /\ r \notin cleanup
     /\ \A w \in DRanks : h[w][r][p] # "proc"
     /\ WorkersStepAgain => \A w \in DRanks, b \in BOOLEAN :
-          /\ <<r, b>> \notin hsq[w] \cup rdy[w]
-          /\ \A ok \in BOOLEAN : <<<<r, b>>, ok>> \notin cbq[w]
+          <<r, b>> \notin hsq[w] \cup rdy[w] \cup cbq[w]
     /\ pin[p][r] = 0
     /\ pst' = [pst EXCEPT ![p][r] = "expired"]
     /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
@@ -507,7 +502,7 @@ Next ==
     \/ \E r \in Reqs : abort(r) \/ complete(r) \/ child_send_done(r)
     \/ ReadEnd
     \/ \E w \in DRanks : handshake_start(w) \/ handshake_done(w) \/ handshake_fail(w)
-    \/ \E w \in DRanks : \E x \in cbq[w] : handshake_callback(w, x)
+    \/ \E w \in DRanks : \E e \in cbq[w] : handshake_callback(w, e)
     \/ \E p \in PRanks, r \in Reqs : deliver(p, r) \/ lease_expire(p, r)
     \/ (Done \/ crashed) /\ UNCHANGED vars  \* the end, or a dead EngineCore: no deadlock
 
@@ -519,7 +514,7 @@ Spec == Init /\ [][Next]_vars
         /\ WF_vars(schedule) /\ WF_vars(execute) /\ WF_vars(update)
         /\ WF_vars(ReadEnd)
         /\ WF_vars(\E w \in DRanks : handshake_done(w))
-        /\ WF_vars(\E w \in DRanks : \E x \in cbq[w] : handshake_callback(w, x))
+        /\ WF_vars(\E w \in DRanks : \E e \in cbq[w] : handshake_callback(w, e))
         /\ WF_vars(\E p \in PRanks, r \in Reqs : deliver(p, r))
         /\ WF_vars(\E p \in PRanks, r \in Reqs : lease_expire(p, r))
         /\ WF_vars(\E r \in Reqs : child_send_done(r))

@@ -76,7 +76,7 @@ Match(e) ==
 Silent ==
     \/ ReadEnd
     \/ \E w \in DRanks : handshake_start(w) \/ handshake_done(w) \/ handshake_fail(w)
-    \/ \E w \in DRanks : \E x \in cbq[w] : handshake_callback(w, x)
+    \/ \E w \in DRanks : \E e \in cbq[w] : handshake_callback(w, e)
     \/ \E p \in PRanks, r \in Reqs : deliver(p, r) \/ lease_expire(p, r)
     \/ \E r \in Reqs : child_send_done(r)
 

@@ -195,9 +195,11 @@ def map_recording(events: list[Event], *, drop: bool = True) -> Mapped:
                 # KVCompletion has one consumer per producer rank (n = 1): its READ of
                 # (r, w) is the first D rank's, the others are "coread"s that KVTrace
                 # requires while that READ is in flight (its notification is the last).
+                # (a D rank's own second READ, or another engine's, is a READ: rejected)
                 readers = read_by.setdefault((prid, w), set())
+                sibling = bool(readers) and (e.engine, e.rank) not in readers and all(
+                    eng == e.engine for eng, _ in readers)
                 readers.add((e.engine, e.rank))
-                sibling = len(readers) > 1 and len({eng for eng, _ in readers}) == 1
                 log.append(SpecEvent("coread" if sibling else "read", r=r_of(prid), w=w,
                                      source=e))  # fmt: skip
             elif e.call == "get_transfer_results":
