@@ -224,3 +224,44 @@ def test_heartbeats_of_different_payloads_are_not_one_heartbeat() -> None:
     doc = [replace(e, reqs=("other",)) if e is hit else e for e in events]
     with pytest.raises(MappingError, match="carry different requests"):
         map_clock(doc)
+
+
+def _two_d_ranks(events: list[Event], receipts: int) -> list[Event]:
+    """`events` as a D of TP 2 sends them: every heartbeat_send also from D rank 1, and
+    each P receipt `receipts` times (one per D rank whose message P handled)."""
+    out: list[Event] = []
+    for n, e in enumerate(events):
+        if e.call == "heartbeat_recv":
+            out += [replace(e, seq=10_000 + 2 * n + k) for k in range(receipts)]
+            continue
+        out.append(e)
+        if e.call == "heartbeat_send":
+            out.append(replace(e, rank=1, pid=e.pid + 1, seq=10_000 + 2 * n, world=2))
+    return out
+
+
+@pytest.mark.parametrize(("receipts", "lost"), [(2, frozenset()), (1, frozenset()),
+                                                (0, frozenset({0}))])  # fmt: skip
+def test_two_d_ranks_sends_are_one_heartbeat_lost_only_where_none_arrived(
+    receipts: int, lost: frozenset[int]
+) -> None:
+    """The heartbeat-kept synthetic run with D at TP 2 (pd-d-tp2's shape, whose recorded
+    heartbeats were all swallowed): each packaged heartbeat is one KVClock heartbeat,
+    lost at P rank 0 only where neither D rank's message was handled there."""
+    one = [e for e in map_clock(heartbeating(ticks=2)).log if e.a == "hb"]
+    two = [e for e in map_clock(_two_d_ranks(heartbeating(ticks=2), receipts)).log
+           if e.a == "hb"]  # fmt: skip
+    assert len(two) == len(one) == 3
+    assert [e.swallow for e in two] == [True, False, False]
+    assert all(e.lost == lost for e in two[1:])
+
+
+def test_a_receipt_no_recorded_decode_worker_sent_is_a_mapping_error() -> None:
+    """One D rank, every heartbeat handled twice at P rank 0: more receipts than sends
+    (a decode engine that was not recorded). Negative control: the run as recorded maps."""
+    events = heartbeating(ticks=2)
+    assert map_clock(events).log
+    doubled = _two_d_ranks(events, receipts=2)
+    one_rank = [e for e in doubled if not (e.call == "heartbeat_send" and e.rank == 1)]
+    with pytest.raises(MappingError, match="no recorded decode worker sent"):
+        map_clock(one_rank)

@@ -128,14 +128,20 @@ def _d_heartbeats(events: list[Event], m: Mapped) -> list[list[Event]]:
 def _heartbeats(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]]:
     """(the recorded event where it takes effect, the spec heartbeat) per D heartbeat:
     swallowed where no D rank's send went out (every rank's handshake pending), else lost
-    at the producer ranks none of its sends reached."""
+    at the producer ranks none of its sends reached. Receipts carry the payload, not the
+    sender: at each producer rank a heartbeat takes the next receipt of its payload, and
+    more of them (one per further D rank that sent) only before the next heartbeat's send;
+    later ones (a stalled P handling a burst) go to the next heartbeat, which P then
+    handled in the same burst."""
     recvs: dict[int, list[Event]] = defaultdict(list)
     for e in events:
         if e.engine == m.producer and e.call == "heartbeat_recv":
             recvs[e.rank].append(e)
     nxt: dict[int, int] = defaultdict(int)
     out: list[tuple[Event, ClockEvent]] = []
-    for group in _d_heartbeats(events, m):
+    groups = _d_heartbeats(events, m)
+    sends_to: dict[int, int] = defaultdict(int)
+    for k, group in enumerate(groups):
         s = group[0]
         names = tuple(sorted(m.requests[x] for x in s.reqs if x in m.requests))
         sent = [_rank(str(x)) for e in group for x in e.result.get("sent", []) or []]
@@ -143,21 +149,28 @@ def _heartbeats(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]
         if not sent and not failed:
             out.append((s, ClockEvent("hb", swallow=True, names=names, source=s)))
             continue
+        upto = _key(groups[k + 1][0]) if k + 1 < len(groups) else None
         got: list[Event] = []
-        for w in sorted(set(sent)):  # one receipt per D rank that sent to w
-            for _ in range(sent.count(w)):
-                queue = recvs[w]
-                if nxt[w] < len(queue) and set(queue[nxt[w]].reqs) == set(s.reqs):
-                    got.append(queue[nxt[w]])
-                    nxt[w] += 1
+        for w in sorted(set(sent)):
+            sends_to[w] += sent.count(w)
+            queue = recvs[w]
+            for extra in range(sent.count(w)):
+                if nxt[w] >= len(queue) or set(queue[nxt[w]].reqs) != set(s.reqs):
+                    break
+                if extra and upto is not None and _key(queue[nxt[w]]) > upto:
+                    break
+                got.append(queue[nxt[w]])
+                nxt[w] += 1
         lost = frozenset(range(m.world)) - {e.rank for e in got}
         out.append((s, ClockEvent("hb", lost=lost, names=names, source=s)))
     for w, queue in recvs.items():
-        if nxt[w] < len(queue):
-            e = queue[nxt[w]]
-            raise MappingError(f"{m.producer} rank {w} handled heartbeat {list(e.reqs)} "
-                               f"(#{e.seq}) that no recorded decode worker sent: record "
-                               "every decode engine that reads from it")  # fmt: skip
+        sent_payloads = {frozenset(e.reqs) for g in groups for e in g
+                         if w in {_rank(str(x)) for x in e.result.get("sent", []) or []}}
+        for e in queue[nxt[w]:]:  # a late duplicate is fine; a receipt nobody sent is not
+            if len(queue) > sends_to[w] or frozenset(e.reqs) not in sent_payloads:
+                raise MappingError(f"{m.producer} rank {w} handled heartbeat {list(e.reqs)} "
+                                   f"(#{e.seq}) that no recorded decode worker sent: record "
+                                   "every decode engine that reads from it")  # fmt: skip
     return out
 
 
