@@ -128,6 +128,10 @@ SCENARIOS = {
         Scenario("pd-d-tp2-decode-abort", "pd-d-tp2, and the client aborts the second "
                  "request on D at once: each D rank sends P rank 0 its notify-only \"r:2\" "
                  "for the aborted load", d_tp=2, d_abort=(1,), lease=120),
+        Scenario("pd-d-tp2-heartbeats", "pd-d-tp2 with D's pool holding one request and "
+                 "48 tokens each: request 2 waits in D's queue and both D ranks heartbeat "
+                 "it to P rank 0 (6 s lease)", d_tp=2, d_kv_blocks=4, max_tokens=48, lease=6,
+                 default=False),
         Scenario("pd-multi", "P -> D, both engines MultiConnector(NIXL, ExampleConnector): "
                  "the in-tree child stores on P and finds nothing to load on D",
                  connector="MultiConnector", lease=120),

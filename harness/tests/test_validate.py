@@ -149,6 +149,17 @@ def test_the_recorded_read_after_lease_expiry_is_rejected_at_the_read(tmp_path: 
     assert got["fixed"] == ("rejected", _index_of(events, lambda e: e.a == "read"))
 
 
+def test_a_stalled_d_of_tp_2_reading_after_the_lease_is_rejected_at_that_read(
+    tmp_path: Path,
+) -> None:
+    """d-tp2-stall-lease-expiry (real engines, D TP 2): D's engine took no step for 10 s
+    while request 2 waited in its queue; P's 6 s lease freed it and D READ the freed
+    blocks. Rejected at D's first READ of request 2 (a READ, not a coread)."""
+    events = read_dir(_recorded("d-tp2-stall-lease-expiry"))
+    at = _index_of(events, lambda e: e.a == "read" and e.r == 2)
+    assert _verdicts(events, tmp_path, ("fixed",)) == {"fixed": ("rejected", at)}
+
+
 def _sched(call: str, seq: int, **result: object) -> object:
     from kvspec.record.log import Event
 

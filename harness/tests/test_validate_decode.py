@@ -19,7 +19,7 @@ from kvspec.validate_decode import check_bug
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = REPO / "conformance" / "recorded"
 RUNS = ("pd-basic", "pd-sync", "pd-abort", "pd-tp2", "pd-multi", "pd-decode-abort", "pd-mla",
-        "pd-tp2-mla", "pd-d-tp2", "pd-d-tp2-decode-abort")
+        "pd-tp2-mla", "pd-d-tp2", "pd-d-tp2-decode-abort", "d-tp2-stall-lease-expiry")
 
 
 def _events(name: str) -> list[Event]:
