@@ -399,11 +399,11 @@ handshake_start(w) ==
 (* The background handshake completes: its future's done_callback         *)
 (* registers the agents (BW:1304-1316), then each deferred entry's         *)
 (* request_ready puts it on _ready_requests (1345-1350).  Modelled at once *)
-(* even with SplitCallbacks: these callbacks only enqueue (a failure's log *)
-(* a traceback each), no recording has a step between them, and split they *)
-(* would let a ready entry wait unboundedly (the model has no time), which *)
-(* explains a D that under-admits (measured: the pd-decode-kv-pressure     *)
-(* negative control is then admitted).                                     *)
+(* even with SplitCallbacks: these callbacks only enqueue (a failure's     *)
+(* also log a traceback each), no recording has a step between them, and   *)
+(* split they would let a ready entry wait without bound (the model has no *)
+(* time), which explains a D that under-admits (measured once: the         *)
+(* pd-decode-kv-pressure negative control was then admitted).              *)
 handshake_done(w) ==
     /\ hsd[w] = "pending"
     /\ hsd' = [hsd EXCEPT ![w] = "done"]

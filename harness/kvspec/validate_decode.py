@@ -61,8 +61,8 @@ def constants(m: DecodeMapped, bug: str) -> dict[str, str]:
         # a real handshake may fail (its entries are then reported failed with no READ):
         # what vLLM can do is admitted
         "HandshakeFail": "TRUE",
-        # ... and a handshake future runs its entries' callbacks one by one while D steps
-        # (recorded: pd-tp2-mqa's failure, two steps apart)
+        # ... and a failed handshake fails its entries one callback at a time while D
+        # steps (recorded: pd-tp2-mqa, two steps apart)
         "SplitCallbacks": "TRUE",
         # D's pool in requests (decode_mapping.d_capacity); unknown: every request fits
         "TraceCap": str(m.capacity or max(1, len(m.requests))),

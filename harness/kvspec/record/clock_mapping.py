@@ -140,7 +140,8 @@ def _heartbeats(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]
     nxt: dict[int, int] = defaultdict(int)
     out: list[tuple[Event, ClockEvent]] = []
     groups = _d_heartbeats(events, m)
-    sends_to: dict[int, int] = defaultdict(int)
+    sends_to: dict[int, int] = defaultdict(int)  # producer rank -> messages D sent it
+    payloads_to: dict[int, set[frozenset[str]]] = defaultdict(set)
     for k, group in enumerate(groups):
         s = group[0]
         names = tuple(sorted(m.requests[x] for x in s.reqs if x in m.requests))
@@ -153,6 +154,7 @@ def _heartbeats(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]
         got: list[Event] = []
         for w in sorted(set(sent)):
             sends_to[w] += sent.count(w)
+            payloads_to[w].add(frozenset(s.reqs))
             queue = recvs[w]
             for extra in range(sent.count(w)):
                 if nxt[w] >= len(queue) or set(queue[nxt[w]].reqs) != set(s.reqs):
@@ -164,10 +166,8 @@ def _heartbeats(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]
         lost = frozenset(range(m.world)) - {e.rank for e in got}
         out.append((s, ClockEvent("hb", lost=lost, names=names, source=s)))
     for w, queue in recvs.items():
-        sent_payloads = {frozenset(e.reqs) for g in groups for e in g
-                         if w in {_rank(str(x)) for x in e.result.get("sent", []) or []}}
         for e in queue[nxt[w]:]:  # a late duplicate is fine; a receipt nobody sent is not
-            if len(queue) > sends_to[w] or frozenset(e.reqs) not in sent_payloads:
+            if len(queue) > sends_to[w] or frozenset(e.reqs) not in payloads_to[w]:
                 raise MappingError(f"{m.producer} rank {w} handled heartbeat {list(e.reqs)} "
                                    f"(#{e.seq}) that no recorded decode worker sent: record "
                                    "every decode engine that reads from it")  # fmt: skip
