@@ -14,13 +14,48 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvspec.record.log import read_dir
-from kvspec.record.mapping import MappingError
+from kvspec.record.log import Event, read_dir
+from kvspec.record.mapping import MappingError, producer_engines
 from kvspec.validate import validate_events
 from kvspec.validate_clock import validate_clock
 from kvspec.validate_decode import validate_decode
 
 RECORDED = Path(__file__).resolve().parents[1] / "conformance" / "recorded"
+
+
+def _sides(events: list[Event], name: str, p: str | None, work: Path) -> list[dict[str, object]]:
+    """The producer side of producer p (None: the recording's only one), its clock, and
+    each decode engine that read from it."""
+    rows: list[dict[str, object]] = []
+    t = time.perf_counter()
+    v = validate_events(events, work / "p", producer=p)
+    rows.append({"recording": name, "side": "producer", "events": len(v.mapped.log),
+                 "designs": len(v.designs), "s": time.perf_counter() - t,
+                 "admitted": v.admitted})  # fmt: skip
+    t = time.perf_counter()
+    try:  # the clock needs the lease, recorded since 2026-12-03
+        cv = validate_clock(events, work / "c", producer=p)
+        rows.append({"recording": name, "side": "clock", "events": len(cv.mapped.log),
+                     "designs": len(cv.designs), "s": time.perf_counter() - t,
+                     "admitted": [f"{x.design.variant} ({x.safe})" for x in cv.designs
+                                  if x.design.verdict == "admitted"]})  # fmt: skip
+    except MappingError as exc:
+        rows.append({"recording": name, "side": "clock", "events": 0, "designs": 0,
+                     "s": 0.0, "admitted": [f"not mapped: {exc}"[:60]]})  # fmt: skip
+    ds = v.mapped.consumers
+    for c in ds:
+        side = "decode" if len(ds) == 1 else f"decode {c}"
+        t = time.perf_counter()
+        try:
+            dv = validate_decode(events, work / "d" / c, engine=c, producer=p)
+        except MappingError as exc:  # recorded before the decode side could be mapped
+            rows.append({"recording": name, "side": side, "events": 0, "designs": 0,
+                         "s": 0.0, "admitted": [f"not mapped: {exc}"[:60]]})  # fmt: skip
+            continue
+        rows.append({"recording": name, "side": side, "events": len(dv.mapped.log),
+                     "designs": len(dv.designs), "s": time.perf_counter() - t,
+                     "admitted": dv.admitted})  # fmt: skip
+    return rows
 
 
 def main() -> int:
@@ -31,31 +66,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for d in sorted(x for x in RECORDED.iterdir() if x.is_dir()):
             events = read_dir(d)
-            t = time.perf_counter()
-            v = validate_events(events, Path(tmp) / d.name / "p")
-            rows.append({"recording": d.name, "side": "producer", "events": len(v.mapped.log),
-                         "designs": len(v.designs), "s": time.perf_counter() - t,
-                         "admitted": v.admitted})  # fmt: skip
-            t = time.perf_counter()
-            try:  # the clock needs the lease, recorded since 2026-12-03
-                cv = validate_clock(events, Path(tmp) / d.name / "c")
-                rows.append({"recording": d.name, "side": "clock", "events": len(cv.mapped.log),
-                             "designs": len(cv.designs), "s": time.perf_counter() - t,
-                             "admitted": [f"{x.design.variant} ({x.safe})" for x in cv.designs
-                                          if x.design.verdict == "admitted"]})  # fmt: skip
-            except MappingError as exc:
-                rows.append({"recording": d.name, "side": "clock", "events": 0, "designs": 0,
-                             "s": 0.0, "admitted": [f"not mapped: {exc}"[:60]]})  # fmt: skip
-            t = time.perf_counter()
-            try:
-                dv = validate_decode(events, Path(tmp) / d.name / "d")
-            except MappingError as exc:  # recorded before the decode side could be mapped
-                rows.append({"recording": d.name, "side": "decode", "events": 0, "designs": 0,
-                             "s": 0.0, "admitted": [f"not mapped: {exc}"[:60]]})  # fmt: skip
-                continue
-            rows.append({"recording": d.name, "side": "decode", "events": len(dv.mapped.log),
-                         "designs": len(dv.designs), "s": time.perf_counter() - t,
-                         "admitted": dv.admitted})  # fmt: skip
+            ps = producer_engines(events)
+            for p in ps:  # xPyD: each producer, and each decode engine's share of it
+                which = p if len(ps) > 1 else None
+                rows += _sides(events, f"{d.name}:{p}" if which else d.name, which,
+                               Path(tmp) / d.name / p)  # fmt: skip
     print(f"{'recording':26} {'side':9} {'events':>6} {'designs':>7} {'s':>6} {'ev*des/s':>9}"
           "  admitted by")
     for r in rows:

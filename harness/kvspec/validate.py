@@ -16,12 +16,20 @@ import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
 from kvspec.matrix import SPEC_FILE, ModelRow, Topology
 from kvspec.record.log import Event, RecordError, read_dir
-from kvspec.record.mapping import Mapped, MappingError, SpecEvent, map_recording
+from kvspec.record.mapping import (
+    Mapped,
+    MappingError,
+    SpecEvent,
+    engines_of,
+    map_recording,
+    producer_engines,
+)
 from kvspec.statgraph import parse_dot
 from kvspec.tlc import run_tlc
 from kvspec.tlcvalue import Value, to_tla
@@ -167,8 +175,9 @@ class Validation:
 
 
 def validate_events(events: list[Event], work: Path,
-                    variants: tuple[str, ...] = VARIANTS) -> Validation:  # fmt: skip
-    mapped = map_recording(events)
+                    variants: tuple[str, ...] = VARIANTS,
+                    producer: str | None = None) -> Validation:  # fmt: skip
+    mapped = map_recording(events, producer=producer)
     return Validation(mapped, [check_design(mapped, v, work) for v in variants])
 
 
@@ -226,7 +235,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "included), or all three (each where the recording allows)")  # fmt: skip
     p.add_argument("--lease", type=int,
                    help="kv_lease_duration in s, for a recording that does not say it")  # fmt: skip
-    p.add_argument("--engine", help="the decode engine, where the recording has several")
+    p.add_argument("--engine", help="only this decode engine (default: each)")
+    p.add_argument("--producer", help="only this producer engine (default: each; a "
+                   "recording of xPyD engines has several)")
     p.add_argument("--json", type=Path, help="write the verdicts as JSON here")
     p.add_argument("--work", type=Path, default=Path("build/validate"))
 
@@ -245,20 +256,22 @@ def _where_mapped(args: argparse.Namespace, side: str, label: str,
         return None
 
 
-def _decode_side(events: list[Event], args: argparse.Namespace) -> dict[str, object]:
+def _decode_side(events: list[Event], args: argparse.Namespace, engine: str,
+                 producer: str | None, work: Path) -> dict[str, object]:  # fmt: skip
     from kvspec.validate_decode import print_decode, validate_decode
 
-    dv = validate_decode(events, args.work, engine=args.engine)
+    dv = validate_decode(events, work, engine=engine, producer=producer)
     print_decode(dv)
     return {"engine": dv.mapped.consumer, "events": len(dv.mapped.log),
             "log": [event_line(e) for e in dv.mapped.log],
             "designs": [d.to_json() for d in dv.designs], "admitted": dv.admitted}  # fmt: skip
 
 
-def _clock_side(events: list[Event], args: argparse.Namespace) -> dict[str, object]:
+def _clock_side(events: list[Event], args: argparse.Namespace, producer: str | None,
+                work: Path) -> dict[str, object]:  # fmt: skip
     from kvspec.validate_clock import print_clock, validate_clock
 
-    cv = validate_clock(events, args.work, tuple(args.variant or VARIANTS), args.lease)
+    cv = validate_clock(events, work, tuple(args.variant or VARIANTS), args.lease, producer)
     print_clock(cv)
     return {"lease_s": cv.mapped.lease_s, "heartbeats": cv.mapped.heartbeats,
             "events": len(cv.mapped.log), "log": [event_line(e) for e in cv.mapped.log],
@@ -266,31 +279,63 @@ def _clock_side(events: list[Event], args: argparse.Namespace) -> dict[str, obje
             "admitted": cv.admitted}  # fmt: skip
 
 
+def _one_producer(events: list[Event], args: argparse.Namespace, producer: str | None, work: Path,
+                  ok: list[bool]) -> dict[str, object] | None:  # fmt: skip
+    """Every asked side of one producer (and of each decode engine's share of it); None
+    where the producer side is inconclusive and admits nothing (exit 2)."""
+    doc: dict[str, object] = {}
+    if args.side in ("producer", "both"):
+        v = validate_events(events, work, tuple(args.variant or VARIANTS), producer)
+        print_validation(v)
+        doc |= {"producer": v.mapped.producer, "events": len(v.mapped.log),
+                "log": [event_line(e) for e in v.mapped.log],
+                "designs": [d.to_json() for d in v.designs],
+                "admitted": v.admitted}  # fmt: skip
+        if any(d.verdict == "inconclusive" for d in v.designs) and not v.admitted:
+            return None
+        ok.append(bool(v.admitted))
+    if args.side in ("decode", "both"):
+        ds = [args.engine] if args.engine else engines_of(events, producer)[1]
+        decs: dict[str, object] = {}
+        for d in ds:
+            at = work if len(ds) == 1 else work / d
+            dec = _where_mapped(args, "decode", f"decode side ({d})",
+                                partial(_decode_side, events, args, d, producer, at))  # fmt: skip
+            if dec is not None:
+                decs[d] = dec
+                ok.append(bool(dec["admitted"]))
+        if len(ds) == 1 and decs:
+            doc["decode"] = decs[ds[0]]
+        elif decs:
+            doc["decode"] = decs
+    if args.side in ("clock", "both"):
+        clk = _where_mapped(args, "clock", "clock",
+                            lambda: _clock_side(events, args, producer, work))  # fmt: skip
+        if clk is not None:
+            doc["clock"] = clk
+            ok.append(bool(clk["admitted"]))
+    return doc
+
+
 def run(args: argparse.Namespace) -> int:
     doc: dict[str, object] = {}
     ok: list[bool] = []
     try:
         events = read_dir(args.trace_dir)
-        if args.side in ("producer", "both"):
-            v = validate_events(events, args.work, tuple(args.variant or VARIANTS))
-            print_validation(v)
-            doc |= {"producer": v.mapped.producer, "events": len(v.mapped.log),
-                    "log": [event_line(e) for e in v.mapped.log],
-                    "designs": [d.to_json() for d in v.designs],
-                    "admitted": v.admitted}  # fmt: skip
-            if any(d.verdict == "inconclusive" for d in v.designs) and not v.admitted:
+        # each producer's completion is its own (xPyD: no vLLM state spans P engines)
+        names: list[str | None] = [args.producer] if args.producer else [
+            *producer_engines(events)]
+        for p in names or [None]:  # none: engines_of says so, in one line
+            if len(names) > 1:
+                print(f"== producer {p}")
+            got = _one_producer(events, args, p, args.work / str(p) if len(names) > 1
+                                else args.work, ok)  # fmt: skip
+            if got is None:
                 return 2
-            ok.append(bool(v.admitted))
-        if args.side in ("decode", "both"):
-            dec = _where_mapped(args, "decode", "decode side", lambda: _decode_side(events, args))
-            if dec is not None:
-                doc["decode"] = dec
-                ok.append(bool(dec["admitted"]))
-        if args.side in ("clock", "both"):
-            clk = _where_mapped(args, "clock", "clock", lambda: _clock_side(events, args))
-            if clk is not None:
-                doc["clock"] = clk
-                ok.append(bool(clk["admitted"]))
+            if len(names) > 1:
+                doc.setdefault("producers", {})[str(p)] = got  # type: ignore[index]
+            else:
+                doc = got
     except (RecordError, MappingError) as exc:
         print(f"kvspec validate: {exc}", file=sys.stderr)
         return 2

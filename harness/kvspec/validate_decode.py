@@ -131,8 +131,9 @@ class DecodeValidation:
 
 
 def validate_decode(events: list[Event], work: Path, bugs: tuple[str, ...] = BUGS,
-                    engine: str | None = None) -> DecodeValidation:  # fmt: skip
-    m = map_decode(events, engine)
+                    engine: str | None = None,
+                    producer: str | None = None) -> DecodeValidation:  # fmt: skip
+    m = map_decode(events, engine, producer)
     return DecodeValidation(m, [check_bug(m, b, work / "decode") for b in bugs])
 
 

@@ -109,7 +109,7 @@ def test_a_clock_check_tlc_could_not_decide_makes_the_scenario_inconclusive(
     from kvspec.validate import VARIANTS, DesignVerdict
 
     mapped = SimpleNamespace(heartbeats=0, log=[])
-    monkeypatch.setattr(scenario, "validate", lambda *a, **k: SimpleNamespace(
+    monkeypatch.setattr(scenario, "validate_events", lambda *a, **k: SimpleNamespace(
         admitted=list(VARIANTS)))  # fmt: skip
     monkeypatch.setattr(vd, "validate_decode", lambda *a, **k: SimpleNamespace(
         admitted=["none"], designs=[], mapped=mapped))  # fmt: skip
@@ -157,3 +157,42 @@ def test_under_kv_pressure_each_request_goes_to_d_as_p_streams_it(tmp_path: Path
     assert final == {"outputs": ["final"]}
     # request 1 (streamed first) handed on with its params; request 0 (no params) not
     assert handed == [{"tokens": [11], "params": [{"r": 1}]}]
+
+
+# An engine that answers each generate with one output per prompt: the prompt, the
+# request-id tag it was given and the params it was handed.
+SHARES = [sys.executable, "-c", (
+    "import json\n"
+    "while True:\n"
+    "    cmd = json.loads(input())\n"
+    "    qs = cmd.get('params') or [None] * len(cmd['prompts'])\n"
+    "    print(json.dumps({'outputs': [{'tokens': p, 'tag': cmd['tag'], 'params': q}"
+    " for p, q in zip(cmd['prompts'], qs)]}), flush=True)\n"
+)]  # fmt: skip
+
+
+def test_xpyd_spreads_requests_round_robin_and_answers_in_prompt_order(tmp_path: Path) -> None:
+    from kvspec.scenario import _fan_out
+
+    engines = [EngineProc(SHARES, {}, tmp_path / f"e{i}.log", grace_s=0.1) for i in range(2)]
+    try:
+        got = _fan_out(engines, [[10], [11], [12]],
+                       lambda n: {"params": [{"r": n}], "max_tokens": 4}, "d", 60)  # fmt: skip
+    finally:
+        for e in engines:
+            e.close()
+    # request n on engine n % 2 (ids d1r..., d2r...), each with its own params
+    assert [(o["tokens"], o["tag"], o["params"]) for o in got] == [
+        ([10], "d1r", {"r": 0}), ([11], "d2r", {"r": 1}), ([12], "d1r", {"r": 2})]  # fmt: skip
+
+
+def test_xpyd_scenarios_refuse_what_only_one_pair_runs() -> None:
+    import dataclasses
+
+    from kvspec.scenario import ScenarioResult, _xpyd
+
+    sc = dataclasses.replace(SCENARIOS["pd-2p1d"], abort=(1,))
+    with pytest.raises(ValueError, match="xPyD scenarios spread plain requests only"):
+        _xpyd(sc, [], [], [[1]], ScenarioResult("x", "", 0.0), 1)
+    assert SCENARIOS["pd-1p2d"].engine_ids() == (["P"], ["D", "D2"])
+    assert SCENARIOS["pd-2p1d"].engine_ids() == (["P", "P2"], ["D"])

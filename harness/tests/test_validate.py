@@ -236,7 +236,7 @@ def test_a_decode_engine_that_never_read_is_still_a_consumer() -> None:
     was handed requests with do_remote_prefill. Negative control: without that, two
     engines schedule and neither READ, and the recording names no single producer."""
     from kvspec.record.log import Event
-    from kvspec.record.mapping import MappingError, _engines
+    from kvspec.record.mapping import MappingError, engines_of
 
     def ev(engine: str, call: str, seq: int, **result: object) -> Event:
         return Event(engine, "kv_both", "scheduler", 0, 1, seq, seq, seq, call,
@@ -244,10 +244,10 @@ def test_a_decode_engine_that_never_read_is_still_a_consumer() -> None:
 
     events = [ev("P", "schedule", 1), ev("D", "add_request", 2, remote_prefill=True),
               ev("D", "schedule", 3)]  # fmt: skip
-    assert _engines(events) == ("P", ["D"])
+    assert engines_of(events) == ("P", ["D"])
     events[1] = ev("D", "add_request", 2, remote_prefill=False)
     with pytest.raises(MappingError, match="found 2 producer engines"):
-        _engines(events)
+        engines_of(events)
 
 
 def test_d_ranks_reading_their_heads_of_one_producer_rank_are_one_spec_read() -> None:

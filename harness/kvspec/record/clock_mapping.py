@@ -28,7 +28,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from kvspec.record.log import Event
-from kvspec.record.mapping import Mapped, MappingError, SpecEvent, drop_idle_steps, map_recording
+from kvspec.record.mapping import (
+    Mapped,
+    MappingError,
+    SpecEvent,
+    drop_idle_steps,
+    map_recording,
+    steps_holding_events,
+)
 
 TICKS_PER_LEASE = 6
 
@@ -67,6 +74,7 @@ class ClockMapped:
     log: list[ClockEvent]
     swallow_first: bool  # the first heartbeat was swallowed (KVClock's Swallow)
     dropped_steps: set[int] = field(default_factory=set)  # idle producer steps, 1-based
+    held_steps: set[int] = field(default_factory=set)  # steps_holding_events: kept
 
     @property
     def heartbeats(self) -> int:
@@ -252,8 +260,12 @@ def _with_notify_only(log: list[SpecEvent], world: int) -> list[SpecEvent]:
     return out
 
 
-def map_clock(events: list[Event], lease_s: int | None = None) -> ClockMapped:
-    m = map_recording(events, drop=False)
+def map_clock(events: list[Event], lease_s: int | None = None,
+              producer: str | None = None) -> ClockMapped:  # fmt: skip
+    """The producer's KVClock log (`producer`: which one, xPyD). A D that reads from two
+    producers heartbeats each its own requests (heartbeat_by_engine, base_worker.py
+    _send_heartbeats), so one producer's clock sees that D's messages to it alone."""
+    m = map_recording(events, drop=False, producer=producer)
     lease = lease_of(m.start, lease_s)
     if len(m.consumers) > 1:
         raise MappingError(f"{len(m.consumers)} decode engines read from {m.producer}: "
@@ -274,4 +286,5 @@ def map_clock(events: list[Event], lease_s: int | None = None) -> ClockMapped:
     log = [replace(ev, t=int((k[0] - t0) // tick_ns)) for k, _, ev in placed]
     kept, dropped = drop_idle_steps(log, breaks=lambda a, b: a.t != b.t)
     hbs = [e for e in kept if e.a == "hb"]
-    return ClockMapped(m, lease, kept, bool(hbs) and hbs[0].swallow, dropped)
+    return ClockMapped(m, lease, kept, bool(hbs) and hbs[0].swallow, dropped,
+                       steps_holding_events(log))  # fmt: skip

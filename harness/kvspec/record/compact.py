@@ -13,9 +13,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 from kvspec.record.clock_mapping import map_clock
-from kvspec.record.decode_mapping import map_decode
+from kvspec.record.decode_mapping import map_decode, producers_of
 from kvspec.record.log import Event
-from kvspec.record.mapping import MappingError, map_recording
+from kvspec.record.mapping import (
+    MappingError,
+    consumer_engines,
+    map_recording,
+    producer_engines,
+)
 
 _EMPTY_KEYS = ("new", "finished_sending", "finished_recving", "failed_recving")
 
@@ -27,24 +32,40 @@ def _empty(e: Event) -> bool:
 _STEP_CALLS = ("schedule", "update_from_output", "get_transfer_results")
 
 
-def _decode_drop(events: list[Event]) -> tuple[str | None, set[int]]:
-    """The decode engine's idle steps (kvspec.record.decode_mapping), or (None, set()) for
-    a recording the decode side cannot map (no decode engine, recorded before
-    `remote_prefill`): its consumers keep only their non-empty step events."""
-    try:
-        dm = map_decode(events)
-    except MappingError:
-        return None, set()
-    return dm.consumer, dm.dropped_steps
+def _decode_drops(events: list[Event]) -> dict[str, set[int]]:
+    """Each decode engine's idle steps (kvspec.record.decode_mapping): for a D that read
+    from several producers (xPyD), the steps idle in every producer's projection. A
+    decode engine the decode side cannot map (recorded before `remote_prefill`) is left
+    out: it keeps only its non-empty step events."""
+    out: dict[str, set[int]] = {}
+    for d in consumer_engines(events):
+        ps = [x for x in producers_of(events, d) if x]
+        try:
+            maps = [map_decode(events, d, p) for p in (ps if len(ps) > 1 else [None])]
+            sets = [dm.dropped_steps - dm.held_steps for dm in maps]
+        except MappingError:
+            continue
+        out[d] = set.intersection(*sets)
+    return out
 
 
-def _clock_drop(events: list[Event], default: set[int]) -> set[int]:
-    """The producer's idle steps the clock's mapping drops (it keeps some in each tick), or
-    `default` for a recording it cannot map (no lease recorded)."""
-    try:
-        return map_clock(events).dropped_steps
-    except MappingError:
-        return default
+def _producer_drops(events: list[Event]) -> dict[str, set[int]]:
+    """Each producer's idle steps, less those the clock's mapping keeps (a few per tick)
+    where it can map the run (it cannot without a recorded lease, or with two decode
+    engines), and less the steps another event of either log falls inside
+    (steps_holding_events): each log of the compacted recording is the original's."""
+    ps = producer_engines(events)
+    out: dict[str, set[int]] = {}
+    for p in ps:
+        which = p if len(ps) > 1 else None
+        m = map_recording(events, producer=which)
+        out[p] = m.dropped_steps - m.held_steps
+        try:
+            cm = map_clock(events, producer=which)
+        except MappingError:
+            continue
+        out[p] &= cm.dropped_steps - cm.held_steps
+    return out
 
 
 def compact(events: list[Event]) -> list[Event]:
@@ -52,10 +73,9 @@ def compact(events: list[Event]) -> list[Event]:
     rank's get_transfer_results are step k, as kvspec.record.mapping (producer) and
     kvspec.record.decode_mapping (decode engine) count them. Another consumer keeps only
     its non-empty step events (its own steps are not mapped: its reads and reports are)."""
-    m = map_recording(events)
-    d_engine, d_drop = _decode_drop(events)
-    drops = {m.producer: m.dropped_steps & _clock_drop(events, m.dropped_steps)}
-    drops |= {d_engine: d_drop} if d_engine else {}
+    if not producer_engines(events):
+        map_recording(events)  # the one-line MappingError: no producer
+    drops = _decode_drops(events) | _producer_drops(events)
     count: dict[tuple[str, int, int], int] = defaultdict(int)
     kept = []
     for e in sorted(events, key=lambda e: (e.pid, e.seq)):

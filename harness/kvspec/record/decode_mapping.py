@@ -17,7 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvspec.record.log import Event
-from kvspec.record.mapping import MappingError, drop_idle_steps, kv_capacity
+from kvspec.record.mapping import (
+    MappingError,
+    drop_idle_steps,
+    kv_capacity,
+    steps_holding_events,
+)
 
 STOPPED = ("FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED")
 
@@ -65,6 +70,7 @@ class DecodeMapped:
     dropped_steps: set[int] = field(default_factory=set)
     # D's pool in requests as recorded (d_capacity); None: unknown, every request fits
     capacity: int | None = None
+    held_steps: set[int] = field(default_factory=set)  # steps_holding_events: kept
 
 
 def _takers(events: list[Event]) -> dict[str, set[str]]:
@@ -94,13 +100,22 @@ def _consumer(events: list[Event], engine: str | None) -> str:
     return with_sched[0]
 
 
-def _producer_world(events: list[Event], d: str) -> int:
+def producers_of(events: list[Event], d: str) -> list[str]:
+    """The producer engines decode engine d read from or was handed requests of ("" for a
+    recording that predates `remote_engine`)."""
     reads = [e for e in events if e.engine == d and e.call == "read"]
     p_engines = {str(e.result.get("remote_engine", "")) for e in reads}
-    p_engines |= _takers(events).get(d, set()) - {""}
+    return sorted(p_engines | (_takers(events).get(d, set()) - {""}))
+
+
+def _producer_world(events: list[Event], d: str, producer: str | None) -> int:
+    reads = [e for e in events if e.engine == d and e.call == "read"
+             and e.result.get("remote_engine", producer) == producer]  # fmt: skip
+    p_engines = [producer] if producer is not None else producers_of(events, d)
     if len(p_engines) != 1:
         raise MappingError(f"decode engine {d} read from {len(p_engines)} producer engines "
-                           f"({', '.join(sorted(p_engines))}); Decode.tla has one")  # fmt: skip
+                           f"({', '.join(p_engines)}): pass --producer NAME (Decode.tla "
+                           "has one: each producer's requests are validated apart)")  # fmt: skip
     p = p_engines.pop()
     start = next((e.result for e in events if e.engine == p and e.call == "start"), None)
     if start is not None:
@@ -111,26 +126,36 @@ def _producer_world(events: list[Event], d: str) -> int:
     return 1 + max(int(e.result.get("remote_rank", 0)) for e in reads)
 
 
-def _requests(sched: list[Event], d: str) -> dict[str, int]:
+def _requests(sched: list[Event], d: str, producer: str | None) -> dict[str, int]:
+    """D's P/D requests (of `producer` only, where given) -> spec r, in arrival order."""
     adds = [e for e in sched if e.call == "add_request"]
     if adds and all("remote_prefill" not in e.result for e in adds):
         raise MappingError(f"{d}'s add_request events do not say which requests are P/D ones "
                            "(remote_prefill): record again with this kvspec")  # fmt: skip
     reqs: dict[str, int] = {}
     for e in adds:
+        if producer is not None and e.result.get("remote_engine", producer) != producer:
+            continue  # another producer's request: as a local one (its steps still count)
         if e.result.get("remote_prefill"):
             reqs.setdefault(e.reqs[0], len(reqs) + 1)
     return reqs
 
 
-def map_decode(events: list[Event], engine: str | None = None) -> DecodeMapped:
+def map_decode(events: list[Event], engine: str | None = None,
+               producer: str | None = None) -> DecodeMapped:  # fmt: skip
+    """D's DecodeTrace log. A D that reads from several producers (xPyD) is validated once
+    per producer: that producer's requests are the spec requests and the others' are as
+    local ones. Sound because D keeps no completion state across producer engines: the
+    handshake, the READs, the notifications and the heartbeats are per engine
+    (nixl/base_worker.py _handshake_futures, _send_heartbeats' heartbeat_by_engine);
+    their shared pool only makes the capacity unknown (d_capacity)."""
     d = _consumer(events, engine)
     sched = [e for e in events if e.engine == d and e.role == "scheduler"]
     start = next((e.result for e in sched if e.call == "start"), {})
     if int(start.get("pp", 1)) != 1 or int(start.get("pcp", 1)) != 1:
         raise MappingError(f"decode engine {d} runs PP or PCP > 1; Decode.tla models TP only")
     world = max(e.world for e in events if e.engine == d)
-    reqs = _requests(sched, d)
+    reqs = _requests(sched, d, producer)
 
     def rs(ids: Any) -> frozenset[int]:
         return frozenset(reqs[str(x)] for x in ids if str(x) in reqs)
@@ -187,8 +212,9 @@ def map_decode(events: list[Event], engine: str | None = None) -> DecodeMapped:
             log += [DecodeEvent("abort", r=reqs[x], source=e) for x in e.reqs
                     if x in reqs and reqs[x] in arrived]  # fmt: skip
     kept, dropped = _drop_idle(log)
-    return DecodeMapped(d, world, _producer_world(events, d), reqs, dict(start), kept, dropped,
-                        d_capacity(sched, reqs, log))  # fmt: skip
+    return DecodeMapped(d, world, _producer_world(events, d, producer), reqs, dict(start),
+                        kept, dropped, d_capacity(sched, reqs, log),
+                        steps_holding_events(log))  # fmt: skip
 
 
 def _failed(report: Event, errored: frozenset[str]) -> frozenset[str]:

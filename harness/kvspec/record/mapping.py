@@ -62,6 +62,7 @@ class Mapped:
     dropped_steps: set[int] = field(default_factory=set)  # idle producer steps, 1-based
     # KVCompletion's Capacity as the recorded pool gives it (kv_capacity); None: unknown
     capacity: int | None = None
+    held_steps: set[int] = field(default_factory=set)  # steps_holding_events: kept
 
 
 def kv_capacity(p_sched: list[Event]) -> int | None:
@@ -93,20 +94,43 @@ def most_holding(log: list[SpecEvent]) -> int:
     return most
 
 
-def _engines(events: list[Event]) -> tuple[str, list[str]]:
-    """(the producer, the consumers): an engine that READ, or whose scheduler was handed a
-    request with do_remote_prefill, is a consumer, also one that never READ because its
-    handshake with the producer failed (recorded: handshake-failed-lease)."""
+def consumer_engines(events: list[Event]) -> list[str]:
+    """Engines that READ, or were handed a request with do_remote_prefill."""
     takers = {e.engine for e in events
               if e.call == "add_request" and e.result.get("remote_prefill")}  # fmt: skip
-    readers = sorted({e.engine for e in events if e.call == "read"} | takers)
-    scheds = sorted({e.engine for e in events if e.call == "schedule"} - set(readers))
-    if len(scheds) != 1:
+    return sorted({e.engine for e in events if e.call == "read"} | takers)
+
+
+def producer_engines(events: list[Event]) -> list[str]:
+    """Engines whose scheduler stepped and that are no consumer."""
+    readers = set(consumer_engines(events))
+    return sorted({e.engine for e in events if e.call == "schedule"} - readers)
+
+
+def engines_of(events: list[Event], producer: str | None = None) -> tuple[str, list[str]]:
+    """(the producer, the consumers that read from it): an engine that READ, or whose
+    scheduler was handed a request with do_remote_prefill, is a consumer, also one that
+    never READ because its handshake with the producer failed (recorded:
+    handshake-failed-lease). Several producers (xPyD: pd-2p1d): `producer` names the one
+    to map; each producer's completion is its own (no vLLM state spans P engines)."""
+    readers = consumer_engines(events)
+    scheds = producer_engines(events)
+    if producer is None and len(scheds) != 1:
         raise MappingError(
-            f"found {len(scheds)} producer engines ({', '.join(scheds) or 'none'}): a "
-            "recording must hold one producer's scheduler (and any number of consumers)"
+            f"found {len(scheds)} producer engines ({', '.join(scheds) or 'none'}): pass "
+            "--producer NAME (a recording holds producers' schedulers and their consumers)"
         )
-    return scheds[0], readers
+    p = scheds[0] if producer is None else producer
+    if p not in scheds:
+        raise MappingError(f"{p} is no producer engine here; producers: "
+                           f"{', '.join(scheds) or 'none'}")  # fmt: skip
+    # a consumer of p: one that READ from it or was handed a request naming it (recordings
+    # before `remote_engine` name none: every consumer is then p's)
+    named = {e.engine: str(e.result.get("remote_engine", "")) for e in events
+             if e.engine in readers and (e.call == "read" or (e.call == "add_request"
+                                         and e.result.get("remote_prefill")))
+             and e.result.get("remote_engine", "") in ("", p)}  # fmt: skip
+    return p, [c for c in readers if c in named]
 
 
 def _rank_steps(events: list[Event], producer: str) -> dict[tuple[int, int], Event]:
@@ -120,10 +144,12 @@ def _rank_steps(events: list[Event], producer: str) -> dict[tuple[int, int], Eve
     return out
 
 
-def map_recording(events: list[Event], *, drop: bool = True) -> Mapped:
+def map_recording(events: list[Event], *, drop: bool = True,
+                  producer: str | None = None) -> Mapped:  # fmt: skip
     """The producer's KVTrace log; `drop=False` keeps every idle step (the clock's mapping,
-    kvspec.record.clock_mapping, drops its own)."""
-    producer, consumers = _engines(events)
+    kvspec.record.clock_mapping, drops its own). `producer`: which one, where the
+    recording has several (kvspec validate --producer); READs from others are theirs."""
+    producer, consumers = engines_of(events, producer)
     p_sched = [e for e in events if e.engine == producer and e.role == "scheduler"]
     start = next((e.result for e in p_sched if e.call == "start"), {})
     world = max((e.world for e in events if e.engine == producer), default=1)
@@ -183,6 +209,8 @@ def map_recording(events: list[Event], *, drop: bool = True) -> Mapped:
                 log += [SpecEvent("abort", r=reqs[rid], source=e) for rid in e.reqs
                         if rid in reqs and reqs[rid] in arrived]  # fmt: skip
         elif e.engine in consumers and e.role == "worker":
+            if e.call == "read" and e.result.get("remote_engine", producer) != producer:
+                continue  # another producer's (xPyD)
             if e.call == "read":
                 prid = str(e.result.get("remote_request_id", ""))
                 d_to_p[e.reqs[0]] = prid
@@ -210,7 +238,8 @@ def map_recording(events: list[Event], *, drop: bool = True) -> Mapped:
     cap = kv_capacity(p_sched)
     if cap is not None and most_holding(log) > cap:  # e.g. requests shared prefix blocks
         cap = None
-    return Mapped(producer, consumers, reqs, world, dict(start), kept, dropped, cap)
+    return Mapped(producer, consumers, reqs, world, dict(start), kept, dropped, cap,
+                  steps_holding_events(log))  # fmt: skip
 
 
 # A producer waiting for READs busy-loops empty steps (scheduler.has_requests counts
@@ -265,6 +294,23 @@ def idle_steps(log: Sequence[E], idle: Callable[[E], bool],
         if run > KEEP_IDLE:
             drop.add(s + 1)
     return drop
+
+
+def steps_holding_events(log: Sequence[E]) -> set[int]:
+    """Steps (1-based, as idle_steps counts them) with another event between their
+    schedule and their update: dropping such a step would move that event between two
+    steps, where it ends a run of idle ones, so compaction keeps it (the compacted
+    recording then maps to the same log: kvspec.record.compact)."""
+    at: dict[str, list[int]] = {k: [] for k in STEP_KINDS}
+    for n, e in enumerate(log):
+        if e.a in STEP_KINDS:
+            at[e.a].append(n)
+    out = set()
+    for s in range(min(len(v) for v in at.values())):
+        idx = [at[k][s] for k in STEP_KINDS]
+        if any(log[n].a not in STEP_KINDS for n in range(min(idx), max(idx))):
+            out.add(s + 1)
+    return out
 
 
 def drop_idle_steps(log: Sequence[E], idle: Callable[[E], bool] = _idle,  # type: ignore[assignment]

