@@ -32,17 +32,19 @@ def _sides(events: list[Event], name: str, p: str | None, work: Path) -> list[di
     rows.append({"recording": name, "side": "producer", "events": len(v.mapped.log),
                  "designs": len(v.designs), "s": time.perf_counter() - t,
                  "admitted": v.admitted})  # fmt: skip
-    t = time.perf_counter()
-    try:  # the clock needs the lease, recorded since 2026-12-03
-        cv = validate_clock(events, work / "c", producer=p)
-        rows.append({"recording": name, "side": "clock", "events": len(cv.mapped.log),
-                     "designs": len(cv.designs), "s": time.perf_counter() - t,
-                     "admitted": [f"{x.design.variant} ({x.safe})" for x in cv.designs
-                                  if x.design.verdict == "admitted"]})  # fmt: skip
-    except MappingError as exc:
-        rows.append({"recording": name, "side": "clock", "events": 0, "designs": 0,
-                     "s": 0.0, "admitted": [f"not mapped: {exc}"[:60]]})  # fmt: skip
     ds = v.mapped.consumers
+    for c in ds if len(ds) > 1 else [None]:  # KVClock has one D: each one's share of p
+        side = f"clock {c}" if c else "clock"
+        t = time.perf_counter()
+        try:  # the clock needs the lease, recorded since 2026-12-03
+            cv = validate_clock(events, work / "c" / (c or ""), producer=p, consumer=c)
+            rows.append({"recording": name, "side": side, "events": len(cv.mapped.log),
+                         "designs": len(cv.designs), "s": time.perf_counter() - t,
+                         "admitted": [f"{x.design.variant} ({x.safe})" for x in cv.designs
+                                      if x.design.verdict == "admitted"]})  # fmt: skip
+        except MappingError as exc:
+            rows.append({"recording": name, "side": side, "events": 0, "designs": 0,
+                         "s": 0.0, "admitted": [f"not mapped: {exc}"[:60]]})  # fmt: skip
     for c in ds:
         side = "decode" if len(ds) == 1 else f"decode {c}"
         t = time.perf_counter()

@@ -322,27 +322,33 @@ def _validate_producer(sc: Scenario, events: list[Event], work: Path, res: Scena
                                 set(sc.admits) <= set(v.admitted),
                                 "admitted: " + (", ".join(v.admitted) or "none")))  # fmt: skip
     # The producer against the lease clock, heartbeats included (spec/ClockTrace.tla),
-    # where the clock can map the run (the mapping says why not: one place decides).
+    # where the clock can map the run (the mapping says why not: one place decides);
+    # once per decode engine where P feeds several (KVClock has one: project_log)
     undecided = False
     try:
-        cv = validate_clock(events, work, ("v0.30-shipped",), sc.lease or 30, p)
-    except MappingError as exc:
-        res.detail += f" clock{of}: not validated: {exc}"
-    else:
+        mine = engines_of(events, p)[1]
+    except MappingError:
+        mine = []
+    for c in mine if len(mine) > 1 else [None]:
+        at = f"{of} ({c}'s requests)" if c else of
+        try:
+            cv = validate_clock(events, work / (c or ""), ("v0.30-shipped",), sc.lease or 30,
+                                p, c)  # fmt: skip
+        except MappingError as exc:
+            res.detail += f" clock{at}: not validated: {exc}"
+            continue
         said = "; ".join(f"{d.design.variant}: {d.design.verdict} {d.safe}" for d in cv.designs)
         if any("inconclusive" in (d.design.verdict, d.safe) for d in cv.designs):
             undecided = True  # TLC timed out or failed: no verdict either way
-        res.checks.append(Check(f"admitted by the clock, reads safe{of}",
+        res.checks.append(Check(f"admitted by the clock, reads safe{at}",
                                 [d.safe for d in cv.designs] == ["safe"],
                                 f"{cv.mapped.heartbeats} heartbeats, {len(cv.mapped.log)} "
                                 f"clock events; {said}"))  # fmt: skip
     if not (sc.consumer and sc.admits and not sc.queued):
         # Not where local requests share D's run slots: Decode.tla has P/D requests only.
         return undecided, admitted or []
-    try:  # the decode engines that took p's requests (xPyD: not every one need)
-        d_ids = [d for d in d_ids if d in engines_of(events, p)[1]] if p else d_ids
-    except MappingError:
-        pass  # said by the producer side's check
+    # the decode engines that took p's requests (xPyD: not every one need)
+    d_ids = [d for d in d_ids if d in mine] if p else d_ids
     for d in d_ids:  # the decode engine against Decode.tla (spec/DecodeTrace.tla)
         name = f"decode side{f' {d}' if len(d_ids) > 1 else ''}{of} admitted by 0.32's design"
         try:

@@ -256,7 +256,7 @@ def _where_mapped(args: argparse.Namespace, side: str, label: str,
         return None
 
 
-def _decode_side(events: list[Event], args: argparse.Namespace, engine: str,
+def _decode_side(events: list[Event], args: argparse.Namespace, engine: str | None,
                  producer: str | None, work: Path) -> dict[str, object]:  # fmt: skip
     from kvspec.validate_decode import print_decode, validate_decode
 
@@ -268,15 +268,36 @@ def _decode_side(events: list[Event], args: argparse.Namespace, engine: str,
 
 
 def _clock_side(events: list[Event], args: argparse.Namespace, producer: str | None,
-                work: Path) -> dict[str, object]:  # fmt: skip
+                consumer: str | None, work: Path) -> dict[str, object]:  # fmt: skip
     from kvspec.validate_clock import print_clock, validate_clock
 
-    cv = validate_clock(events, work, tuple(args.variant or VARIANTS), args.lease, producer)
+    cv = validate_clock(events, work, tuple(args.variant or VARIANTS), args.lease, producer,
+                        consumer)  # fmt: skip
     print_clock(cv)
     return {"lease_s": cv.mapped.lease_s, "heartbeats": cv.mapped.heartbeats,
             "events": len(cv.mapped.log), "log": [event_line(e) for e in cv.mapped.log],
             "designs": [d.design.to_json() | {"reads": d.safe} for d in cv.designs],
             "admitted": cv.admitted}  # fmt: skip
+
+
+Side = Callable[[str | None, Path], dict[str, object]]  # (decode engine, work) -> document
+
+
+def _per_engine(args: argparse.Namespace, side: str, label: str, ds: list[str | None],
+                work: Path, ok: list[bool], check: Side) -> object | None:  # fmt: skip
+    """`side` validated once per decode engine in ds (None: the recording's only one):
+    its document, or {engine: document} for several; None where none could be mapped."""
+    got: dict[str, dict[str, object]] = {}
+    for d in ds:
+        at = work if len(ds) == 1 else work / str(d)
+        x = _where_mapped(args, side, label if len(ds) == 1 else f"{label} ({d})",
+                          partial(check, d, at))  # fmt: skip
+        if x is not None:
+            got[str(d)] = x
+            ok.append(bool(x["admitted"]))
+    if not got:
+        return None
+    return got[str(ds[0])] if len(ds) == 1 else got
 
 
 def _one_producer(events: list[Event], args: argparse.Namespace, producer: str | None, work: Path,
@@ -294,26 +315,20 @@ def _one_producer(events: list[Event], args: argparse.Namespace, producer: str |
         if any(d.verdict == "inconclusive" for d in v.designs) and not v.admitted:
             return None
         ok.append(bool(v.admitted))
+    ds: list[str | None] = [args.engine] if args.engine else [*engines_of(events, producer)[1]]
     if args.side in ("decode", "both"):
-        ds = [args.engine] if args.engine else engines_of(events, producer)[1]
-        decs: dict[str, object] = {}
-        for d in ds:
-            at = work if len(ds) == 1 else work / d
-            dec = _where_mapped(args, "decode", f"decode side ({d})",
-                                partial(_decode_side, events, args, d, producer, at))  # fmt: skip
-            if dec is not None:
-                decs[d] = dec
-                ok.append(bool(dec["admitted"]))
-        if len(ds) == 1 and decs:
-            doc["decode"] = decs[ds[0]]
-        elif decs:
-            doc["decode"] = decs
+        # none: validate_decode says why, in one line
+        dec = _per_engine(args, "decode", "decode side", ds or [None], work, ok,
+                          lambda d, at: _decode_side(events, args, d, producer, at))  # fmt: skip
+        if dec is not None:
+            doc["decode"] = dec
     if args.side in ("clock", "both"):
-        clk = _where_mapped(args, "clock", "clock",
-                            lambda: _clock_side(events, args, producer, work))  # fmt: skip
+        # KVClock has one decode engine: a producer of several is validated once per D
+        cs: list[str | None] = [*ds] if len(ds) > 1 or args.engine else [None]
+        clk = _per_engine(args, "clock", "clock", cs, work, ok,
+                          lambda c, at: _clock_side(events, args, producer, c, at))  # fmt: skip
         if clk is not None:
             doc["clock"] = clk
-            ok.append(bool(clk["admitted"]))
     return doc
 
 

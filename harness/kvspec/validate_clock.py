@@ -120,9 +120,9 @@ def check_clock(cm: ClockMapped, variant: str, work: Path, timeout_s: float = 30
 
 
 def validate_clock(events: list[Event], work: Path, variants: tuple[str, ...] = VARIANTS,
-                   lease_s: int | None = None,
-                   producer: str | None = None) -> ClockValidation:  # fmt: skip
-    cm = map_clock(events, lease_s, producer)
+                   lease_s: int | None = None, producer: str | None = None,
+                   consumer: str | None = None) -> ClockValidation:  # fmt: skip
+    cm = map_clock(events, lease_s, producer, consumer)
     return ClockValidation(cm, [check_clock(cm, v, work) for v in variants])
 
 

@@ -30,6 +30,9 @@ RECORDED = Path(__file__).resolve().parents[2] / "conformance" / "recorded"
 # pd-2p1d: the producer request ids of each P engine (request n went to P n % 2)
 OF_P = {"p1r0-bb61d56f", "p1r1-875f69e4"}
 OF_P2 = {"p2r0-af8298df", "p2r1-a4f04139"}
+# pd-1p2d: P's requests each decode engine took (request n decoded on D n % 2)
+D_OF_1P2D = {"p1r0-a10813e3", "p1r2-beab3c5f"}
+D2_OF_1P2D = {"p1r1-8f0fc3b4", "p1r3-8b09c633"}
 
 
 def _events(name: str) -> list[Event]:
@@ -79,15 +82,65 @@ def test_a_decode_engine_of_two_producers_is_mapped_once_per_producer() -> None:
         assert dm.capacity is None
 
 
-def test_two_decode_engines_are_mapped_one_at_a_time_and_the_clock_refuses_them() -> None:
+def test_two_decode_engines_are_mapped_one_at_a_time() -> None:
     events = _events("pd-1p2d")
     assert map_recording(events).consumers == ["D", "D2"]
     with pytest.raises(MappingError, match="pass --engine NAME"):
         map_decode(events)
     assert [len(map_decode(events, d).requests) for d in ("D", "D2")] == [2, 2]
-    # KVClock has one decode engine: each D heartbeats only its own requests
-    with pytest.raises(MappingError, match="2 decode engines read from P: KVClock models one"):
+    # KVClock has one decode engine: the clock takes each D's share of P (project_log)
+    with pytest.raises(MappingError, match="KVClock models one; .*--engine NAME: D, D2"):
         map_clock(events)
+    for d, ids in (("D", D_OF_1P2D), ("D2", D2_OF_1P2D)):
+        cm = map_clock(events, consumer=d)
+        assert (set(cm.base.requests), cm.base.consumers, cm.base.capacity) == (ids, [d], None)
+
+
+def _clock(events: list[Event], d: str, tmp: Path) -> tuple[str, int, str]:
+    v = check_clock(map_clock(events, consumer=d), "v0.30-shipped", tmp)
+    if "inconclusive" in (v.design.verdict, v.safe):
+        pytest.skip(f"inconclusive: {v.design.detail}")
+    return v.design.verdict, v.design.explained, v.safe
+
+
+@pytest.mark.parametrize("d", ["D", "D2"])
+def test_each_decode_engines_share_of_the_producer_is_admitted_by_the_clock(
+    d: str, tmp_path: Path
+) -> None:
+    events = _events("pd-1p2d")
+    assert _meta("pd-1p2d")["clock"] == {"admitted": ["v0.30-shipped"], "reads": "safe"}
+    assert _clock(events, d, tmp_path) == ("admitted", len(map_clock(events, consumer=d).log),
+                                           "safe")  # fmt: skip
+
+
+def test_negative_control_a_share_keeping_the_steps_the_others_caused_is_rejected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # P steps while it holds any request (has_requests): D's share, freed at 25.37 s, is
+    # followed by steps that D2's requests kept going, which KVCompletion's schedule
+    # refuses once every request it has is freed
+    import kvspec.record.mapping as mapping
+
+    events = _events("pd-1p2d")
+    monkeypatch.setattr(mapping, "_cut_after_last_free", lambda log, rs: (log, set()))
+    log = map_clock(events, consumer="D").log
+    last_free = max(n for n, e in enumerate(log) if e.a == "update" and e.freed)
+    first_after = next(n for n, e in enumerate(log) if n > last_free and e.a == "schedule")
+    assert _clock(events, "D", tmp_path)[:2] == ("rejected", first_after)
+
+
+def test_a_lost_report_of_d2s_request_is_rejected_in_d2s_share_of_the_clock_only(
+    tmp_path: Path,
+) -> None:
+    # P's worker never reports one of D2's requests: P's free of it is unexplained in
+    # D2's share; D's share, whose requests P's workers did report, is still admitted
+    rid = sorted(D2_OF_1P2D)[0]
+    events = doctored.drop_finished_sending(_events("pd-1p2d"), "P", rid)
+    cm = map_clock(events, consumer="D2")
+    r = cm.base.requests[rid]
+    at = next(n for n, e in enumerate(cm.log) if e.a == "update" and r in e.freed)
+    assert _clock(events, "D2", tmp_path / "d2")[:2] == ("rejected", at)
+    assert _clock(events, "D", tmp_path / "d")[0] == "admitted"
 
 
 @pytest.mark.parametrize(("name", "p"), [("pd-2p1d", "P"), ("pd-2p1d", "P2"), ("pd-1p2d", None)])

@@ -114,6 +114,7 @@ def _d_heartbeats(events: list[Event], m: Mapped) -> list[list[Event]]:
     every D rank sends it from that step's `_send_heartbeats` (base_worker.py:3179-3210),
     so the k-th send of each rank is one KVClock heartbeat (D TP > 1: pd-d-tp2)."""
     sends = [e for e in events if e.role == "worker" and e.call == "heartbeat_send"
+             and e.engine in m.consumers
              and e.result.get("remote_engine") == m.producer]  # fmt: skip
     by_rank: dict[tuple[str, int], list[Event]] = defaultdict(list)
     for e in sorted(sends, key=_key):
@@ -142,9 +143,14 @@ def _heartbeats(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]
     later ones (a stalled P handling a burst) go to the next heartbeat, which P then
     handled in the same burst."""
     recvs: dict[int, list[Event]] = defaultdict(list)
+    # one D engine's share of the producer (project_log): the others' heartbeats name
+    # none of its requests
+    others = len({e.engine for e in events if e.call == "heartbeat_send"
+                  and e.result.get("remote_engine") == m.producer} - set(m.consumers)) > 0
     for e in events:
         if e.engine == m.producer and e.call == "heartbeat_recv":
-            recvs[e.rank].append(e)
+            if not (others and set(e.reqs).isdisjoint(m.requests)):
+                recvs[e.rank].append(e)
     nxt: dict[int, int] = defaultdict(int)
     out: list[tuple[Event, ClockEvent]] = []
     groups = _d_heartbeats(events, m)
@@ -260,16 +266,19 @@ def _with_notify_only(log: list[SpecEvent], world: int) -> list[SpecEvent]:
     return out
 
 
-def map_clock(events: list[Event], lease_s: int | None = None,
-              producer: str | None = None) -> ClockMapped:  # fmt: skip
-    """The producer's KVClock log (`producer`: which one, xPyD). A D that reads from two
-    producers heartbeats each its own requests (heartbeat_by_engine, base_worker.py
-    _send_heartbeats), so one producer's clock sees that D's messages to it alone."""
-    m = map_recording(events, drop=False, producer=producer)
+def map_clock(events: list[Event], lease_s: int | None = None, producer: str | None = None,
+              consumer: str | None = None) -> ClockMapped:  # fmt: skip
+    """The producer's KVClock log (`producer`: which one, xPyD). A D engine heartbeats
+    each producer only its own requests (heartbeat_by_engine, base_worker.py
+    _send_heartbeats), so a producer's clock sees one D's messages to it alone, and a
+    producer that feeds several D engines is validated once per D (`consumer`): that D's
+    requests, the heartbeats it sent and P received (mapping.project_log)."""
+    m = map_recording(events, drop=False, producer=producer, consumer=consumer)
     lease = lease_of(m.start, lease_s)
     if len(m.consumers) > 1:
         raise MappingError(f"{len(m.consumers)} decode engines read from {m.producer}: "
-                           "KVClock models one")  # fmt: skip
+                           "KVClock models one; validate each one's requests (--engine "
+                           f"NAME: {', '.join(m.consumers)})")  # fmt: skip
     base = _with_notify_only(m.log, m.world) if _mla_notify_only(
         events, m.producer, m.consumers) else m.log  # fmt: skip
     placed: list[tuple[tuple[int, int, int], int, ClockEvent]] = []
@@ -286,5 +295,5 @@ def map_clock(events: list[Event], lease_s: int | None = None,
     log = [replace(ev, t=int((k[0] - t0) // tick_ns)) for k, _, ev in placed]
     kept, dropped = drop_idle_steps(log, breaks=lambda a, b: a.t != b.t)
     hbs = [e for e in kept if e.a == "hb"]
-    return ClockMapped(m, lease, kept, bool(hbs) and hbs[0].swallow, dropped,
+    return ClockMapped(m, lease, kept, bool(hbs) and hbs[0].swallow, dropped | m.cut_steps,
                        steps_holding_events(log))  # fmt: skip

@@ -50,9 +50,9 @@ def _decode_drops(events: list[Event]) -> dict[str, set[int]]:
 
 
 def _producer_drops(events: list[Event]) -> dict[str, set[int]]:
-    """Each producer's idle steps, less those the clock's mapping keeps (a few per tick)
-    where it can map the run (it cannot without a recorded lease, or with two decode
-    engines), and less the steps another event of either log falls inside
+    """Each producer's idle steps, less those the clock's mapping keeps (a few per tick,
+    in each decode engine's share) where it can map the run (not without a recorded
+    lease), and less the steps another event of either log falls inside
     (steps_holding_events): each log of the compacted recording is the original's."""
     ps = producer_engines(events)
     out: dict[str, set[int]] = {}
@@ -60,11 +60,13 @@ def _producer_drops(events: list[Event]) -> dict[str, set[int]]:
         which = p if len(ps) > 1 else None
         m = map_recording(events, producer=which)
         out[p] = m.dropped_steps - m.held_steps
-        try:
-            cm = map_clock(events, producer=which)
-        except MappingError:
-            continue
-        out[p] &= cm.dropped_steps - cm.held_steps
+        # the clock validates a producer of several D engines once per D (project_log)
+        for c in m.consumers if len(m.consumers) > 1 else [None]:
+            try:
+                cm = map_clock(events, producer=which, consumer=c)
+            except MappingError:
+                continue
+            out[p] &= cm.dropped_steps - cm.held_steps
     return out
 
 

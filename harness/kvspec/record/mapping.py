@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 from kvspec.record.log import Event
@@ -63,6 +63,8 @@ class Mapped:
     # KVCompletion's Capacity as the recorded pool gives it (kv_capacity); None: unknown
     capacity: int | None = None
     held_steps: set[int] = field(default_factory=set)  # steps_holding_events: kept
+    # a projection's steps after its last request was freed (project_log): not in `log`
+    cut_steps: set[int] = field(default_factory=set)
 
 
 def kv_capacity(p_sched: list[Event]) -> int | None:
@@ -144,12 +146,16 @@ def _rank_steps(events: list[Event], producer: str) -> dict[tuple[int, int], Eve
     return out
 
 
-def map_recording(events: list[Event], *, drop: bool = True,
-                  producer: str | None = None) -> Mapped:  # fmt: skip
+def map_recording(events: list[Event], *, drop: bool = True, producer: str | None = None,
+                  consumer: str | None = None) -> Mapped:  # fmt: skip
     """The producer's KVTrace log; `drop=False` keeps every idle step (the clock's mapping,
     kvspec.record.clock_mapping, drops its own). `producer`: which one, where the
-    recording has several (kvspec validate --producer); READs from others are theirs."""
+    recording has several (kvspec validate --producer); READs from others are theirs.
+    `consumer`: only the requests that decode engine took (project_log)."""
     producer, consumers = engines_of(events, producer)
+    if consumer is not None and consumer not in consumers:
+        raise MappingError(f"{consumer} is no decode engine of {producer}; its decode "
+                           f"engines: {', '.join(consumers) or 'none'}")  # fmt: skip
     p_sched = [e for e in events if e.engine == producer and e.role == "scheduler"]
     start = next((e.result for e in p_sched if e.call == "start"), {})
     world = max((e.world for e in events if e.engine == producer), default=1)
@@ -234,12 +240,82 @@ def map_recording(events: list[Event], *, drop: bool = True,
                 for rid in sorted(e.ids("finished_recving")):
                     if rid in d_to_p:
                         log.append(SpecEvent("recv", r=r_of(d_to_p[rid]), source=e))
-    kept, dropped = drop_idle_steps(log) if drop else (log, set())
     cap = kv_capacity(p_sched)
     if cap is not None and most_holding(log) > cap:  # e.g. requests shared prefix blocks
         cap = None
-    return Mapped(producer, consumers, reqs, world, dict(start), kept, dropped, cap,
-                  steps_holding_events(log))  # fmt: skip
+    cut: set[int] = set()
+    if consumer is not None and len(consumers) > 1:
+        log, reqs, cut = project_log(log, reqs, taken_by(events, consumer, producer))
+        consumers, cap = [consumer], None  # the pool is shared with the others' requests
+    kept, dropped = drop_idle_steps(log) if drop else (log, set())
+    return Mapped(producer, consumers, reqs, world, dict(start), kept, dropped | cut, cap,
+                  steps_holding_events(log), cut)  # fmt: skip
+
+
+def taken_by(events: list[Event], consumer: str, producer: str) -> set[str]:
+    """The producer's request ids a decode engine took: named by its add_request
+    (remote_request_id) or its READs."""
+    return {str(e.result["remote_request_id"]) for e in events
+            if e.engine == consumer and e.call in ("add_request", "read")
+            and e.result.get("remote_request_id")
+            and e.result.get("remote_engine", producer) == producer}  # fmt: skip
+
+
+def project_log(log: list[SpecEvent], reqs: dict[str, int], keep: set[str]
+                ) -> tuple[list[SpecEvent], dict[str, int], set[int]]:  # fmt: skip
+    """The log of the producer's requests in `keep` only, renumbered 1.. in arrival order,
+    and the steps cut from it: one decode engine's share of a producer that feeds several
+    (xPyD). Sound for KVCompletion and KVClock because a producer keeps no completion
+    state across requests but its pool (Capacity: unknown in a projection) and its
+    stepping: each request's aggregator entry, notifications, lease and heartbeats are its
+    own (a D engine heartbeats only its own requests, nixl/base_worker.py
+    _send_heartbeats). The engine steps while any request is held (has_requests), so the
+    steps scheduled once the share's last request was freed, which the others' requests
+    kept going, are cut (kept, KVCompletion's schedule would reject the first: measured
+    on pd-1p2d's clock)."""
+    new = {rid: n for n, rid in enumerate(sorted((x for x in reqs if x in keep),
+                                                 key=lambda x: reqs[x]), start=1)}  # fmt: skip
+    old_to_new = {reqs[rid]: n for rid, n in new.items()}
+
+    def rs(xs: frozenset[int]) -> frozenset[int]:
+        return frozenset(old_to_new[r] for r in xs if r in old_to_new)
+
+    out: list[SpecEvent] = []
+    for e in log:
+        if e.a in ("arrive", "abort", "read", "coread", "recv"):
+            if e.r in old_to_new:
+                out.append(replace(e, r=old_to_new[e.r]))
+        else:
+            out.append(replace(e, batch=rs(e.batch), out=tuple(rs(o) for o in e.out),
+                               freed=rs(e.freed), fin=rs(e.fin)))  # fmt: skip
+    out, cut = _cut_after_last_free(out, set(new.values()))
+    return out, new, cut
+
+
+def _cut_after_last_free(log: list[SpecEvent],
+                         rs: set[int]) -> tuple[list[SpecEvent], set[int]]:  # fmt: skip
+    """project_log's cut: the steps (1-based) whose schedule follows the update that freed
+    the last of `rs`; their schedule, execute and update leave the log."""
+    freed: set[int] = set()
+    end = len(log)
+    for n, e in enumerate(log):
+        if e.a == "update":
+            freed |= e.freed
+            if rs and rs <= freed:
+                end = n
+                break
+    count = {k: 0 for k in STEP_KINDS}
+    first_cut = 1 + sum(1 for e in log[:end] if e.a == "schedule")
+    out: list[SpecEvent] = []
+    cut: set[int] = set()
+    for e in log:
+        if e.a in STEP_KINDS:
+            count[e.a] += 1
+            if count[e.a] >= first_cut:
+                cut.add(count[e.a])
+                continue
+        out.append(e)
+    return out, cut
 
 
 # A producer waiting for READs busy-loops empty steps (scheduler.has_requests counts
