@@ -145,7 +145,7 @@ ECHOES = [sys.executable, "-c", (
 
 
 def test_under_kv_pressure_each_request_goes_to_d_as_p_streams_it(tmp_path: Path) -> None:
-    from kvspec.scenario import _hand_on
+    from kvspec.scenario_flows import _hand_on
 
     p = EngineProc(STREAMS, {}, tmp_path / "p.log", grace_s=0.1)
     d = EngineProc(ECHOES, {}, tmp_path / "d.log", grace_s=0.1)
@@ -172,7 +172,7 @@ SHARES = [sys.executable, "-c", (
 
 
 def test_xpyd_spreads_requests_round_robin_and_answers_in_prompt_order(tmp_path: Path) -> None:
-    from kvspec.scenario import _fan_out
+    from kvspec.scenario_flows import _fan_out
 
     engines = [EngineProc(SHARES, {}, tmp_path / f"e{i}.log", grace_s=0.1) for i in range(2)]
     try:
@@ -189,7 +189,7 @@ def test_xpyd_spreads_requests_round_robin_and_answers_in_prompt_order(tmp_path:
 def test_xpyd_scenarios_refuse_what_only_one_pair_runs() -> None:
     import dataclasses
 
-    from kvspec.scenario import ScenarioResult, _xpyd
+    from kvspec.scenario_flows import ScenarioResult, _xpyd
 
     sc = dataclasses.replace(SCENARIOS["pd-2p1d"], abort=(1,))
     with pytest.raises(ValueError, match="xPyD scenarios spread plain requests only"):

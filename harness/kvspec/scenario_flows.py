@@ -1,0 +1,185 @@
+"""How requests travel between a scenario's engines (kvspec.scenario runs them): one
+producer and one decode engine (a plain round trip, KV pressure handed on as P streams),
+several of each (xPyD, a proxy's round robin), and the shared pieces: prompts, the
+waits, the checks of outputs and of free blocks."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvspec.record.log import Event
+from kvspec.scenario_catalogue import Scenario
+from kvspec.scenario_proc import EngineProc
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class ScenarioResult:
+    name: str
+    verdict: str  # "pass" | "fail" | "inconclusive"
+    seconds: float
+    events: int = 0
+    validate_s: float = 0.0
+    admitted: list[str] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    detail: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name, "verdict": self.verdict, "seconds": round(self.seconds, 1),
+            "events": self.events, "validate_s": round(self.validate_s, 2),
+            "admitted": self.admitted, "detail": self.detail,
+            "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in self.checks],
+        }  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def prompts(n: int) -> list[list[int]]:
+    """n distinct prompts of 40 tokens (two 32-token blocks, the second partial)."""
+    return [[3 + (7 * i + j) % 500 for j in range(40)] for i in range(n)]
+
+
+def frees_of(events: list[Event], engine: str) -> tuple[int | None, int | None, set[str]]:
+    """(free blocks at the first add_request, after the last free, requests freed)."""
+    mine = [e for e in events if e.engine == engine and e.role == "scheduler"]
+    base = next((e.result.get("free") for e in mine if e.call == "add_request"), None)
+    frees = [e for e in mine if e.call == "free_blocks"]
+    last = frees[-1].result.get("free") if frees else None
+    return base, last, {r for e in frees for r in e.reqs}
+
+
+def wait_until(pred: Callable[[], bool], timeout_s: float, *,
+               clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], None] = time.sleep) -> bool:  # fmt: skip
+    deadline = clock() + timeout_s
+    while not pred():
+        if clock() >= deadline:
+            return False
+        sleep(0.5)
+    return True
+
+
+def _one_pair(sc: Scenario, engines: list[EngineProc], ps: list[list[int]],
+              res: ScenarioResult, step_s: float) -> None:  # fmt: skip
+    """One producer, at most one decode engine: P prefills, D decodes what P handed on."""
+    ask_p = {"cmd": "generate", "prompts": ps, "max_tokens": 1, "remote_decode": True,
+             "tag": "p", "abort": list(sc.abort), "n": sc.p_n}  # fmt: skip
+    handed: list[dict[str, Any]] = []
+    if sc.kv_blocks and sc.consumer:
+        pre, handed = _hand_on(engines[0], engines[1], ask_p, ps, sc.max_tokens, step_s)
+    else:
+        pre = engines[0].ask(ask_p, step_s)
+    # an aborted request has no kv_transfer_params: the consumer gets the others
+    kept = [n for n, o in enumerate(pre["outputs"]) if o.get("params")]
+    ps = [ps[n] for n in kept]
+    params = [pre["outputs"][n]["params"] for n in kept]
+    if sc.dead_port:
+        params = [{**x, "remote_port": free_port()} for x in params]
+    if sc.consumer:
+        d = engines[1]
+        fill = [[5 + i] * 8 for i in range(sc.queued)]
+        if handed:
+            got: dict[str, Any] = {"outputs": handed}
+        else:
+            got = d.ask({"cmd": "generate", "prompts": fill + ps, "params": [None]
+                         * len(fill) + params, "max_tokens": [sc.filler_tokens]
+                         * len(fill) + [sc.max_tokens] * len(ps), "tag": "d",
+                         "abort": [len(fill) + n for n in sc.d_abort],
+                         "abort_after_s": sc.d_abort_after_s},
+                        step_s)  # fmt: skip
+            got["outputs"] = got["outputs"][len(fill):]
+        ref = d.ask({"cmd": "generate", "prompts": ps, "max_tokens": sc.max_tokens,
+                     "tag": "local"}, step_s)  # fmt: skip
+        res.checks.append(_outputs_check(sc, got["outputs"], ref["outputs"]))
+
+
+def _xpyd(sc: Scenario, producers: list[EngineProc], consumers: list[EngineProc],
+          ps: list[list[int]], res: ScenarioResult, step_s: float) -> None:  # fmt: skip
+    """Several producers or decode engines: request n is prefilled on producer
+    n % len(producers) and decoded on engine n % len(consumers), every engine of a kind
+    asked at once (a proxy's round robin); the local reference runs on the first D."""
+    if sc.abort or sc.d_abort or sc.kv_blocks or sc.queued or sc.dead_port or sc.p_n > 1:
+        raise ValueError(f"{sc.name}: xPyD scenarios spread plain requests only")
+    pre = _fan_out(producers, ps, lambda n: {"max_tokens": 1, "remote_decode": True}, "p",
+                   step_s)  # fmt: skip
+    params = [o["params"] for o in pre]
+    if not consumers:
+        return
+    got = _fan_out(consumers, ps, lambda n: {"params": [params[n]],
+                                             "max_tokens": sc.max_tokens}, "d", step_s)  # fmt: skip
+    ref = consumers[0].ask({"cmd": "generate", "prompts": ps, "max_tokens": sc.max_tokens,
+                            "tag": "local"}, step_s)  # fmt: skip
+    res.checks.append(_outputs_check(sc, got, ref["outputs"]))
+
+
+def _fan_out(engines: list[EngineProc], ps: list[list[int]],
+             args: Callable[[int], dict[str, Any]], tag: str,
+             step_s: float) -> list[dict[str, Any]]:  # fmt: skip
+    """Each engine generates its share of the prompts (request n on engine n % len),
+    all asked before any answer is awaited; the outputs in prompt order. `args(n)`:
+    request n's generate arguments (a one-element "params" list, if any). Engine i's
+    request ids start with tag, i + 1 and "r" ("d2r0": the second D engine's first)."""
+    share = [list(range(i, len(ps), len(engines))) for i in range(len(engines))]
+    for i, (e, ns) in enumerate(zip(engines, share, strict=True)):
+        if ns:
+            each = [args(n) for n in ns]
+            cmd: dict[str, Any] = {"cmd": "generate", "prompts": [ps[n] for n in ns],
+                                   "max_tokens": [a["max_tokens"] for a in each],
+                                   "tag": f"{tag}{i + 1}r"}  # fmt: skip
+            if "params" in each[0]:
+                cmd["params"] = [a["params"][0] for a in each]
+            cmd["remote_decode"] = bool(each[0].get("remote_decode"))
+            e.send(cmd)
+    outs: dict[int, dict[str, Any]] = {}
+    for e, ns in zip(engines, share, strict=True):
+        if ns:
+            outs |= dict(zip(ns, e.ask(None, step_s)["outputs"], strict=True))
+    return [outs[n] for n in range(len(ps))]
+
+
+def _outputs_check(sc: Scenario, got: list[dict[str, Any]],
+                   ref: list[dict[str, Any]]) -> Check:  # fmt: skip
+    """D's outputs against a local run of the same prompts; where D's load fails under the
+    "fail" policy, every request must end in error instead (FinishReason.ERROR)."""
+    kept = [n for n in range(len(got)) if n not in sc.d_abort]  # D's aborts: no output
+    if (sc.dead_port or sc.refused) and sc.load_policy != "recompute":
+        reasons = [got[n].get("finish") for n in kept]
+        return Check("D failed every request (kv_load_failure_policy fail)",
+                     reasons == ["error"] * len(kept), f"finish reasons {reasons}")
+    same = [got[n]["tokens"] for n in kept] == [ref[n]["tokens"] for n in kept]
+    return Check("decode outputs equal a local run", same,
+                 f"P/D {got[0]['tokens']} local {ref[0]['tokens']}")
+
+
+def _hand_on(p: EngineProc, d: EngineProc, ask_p: dict[str, Any], ps: list[list[int]],
+             max_tokens: int, step_s: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """P streams each request as it finishes its prefill; each goes to D at once (D
+    decodes it, its READ lets P free the blocks the next request waits for). Returns P's
+    final answer and D's outputs in prompt order. Without this, P's generate would wait
+    for a free that only D's READ, after generate, can bring: until the lease."""
+    line = p.ask({**ask_p, "stream": True}, step_s)
+    handed: dict[int, dict[str, Any]] = {}
+    while "stream" in line:
+        n = int(line["stream"])
+        params = line["output"]["params"]
+        if params:  # an aborted request has none: nothing to hand on
+            got = d.ask({"cmd": "generate", "prompts": [ps[n]], "params": [params],
+                         "max_tokens": max_tokens, "tag": f"d{n}_"}, step_s)  # fmt: skip
+            handed[n] = got["outputs"][0]
+        line = p.ask(None, step_s)
+    return line, [handed[n] for n in sorted(handed)]
