@@ -25,6 +25,7 @@ from kvspec.scenario_flows import (
     Check,
     ScenarioResult,
     _one_pair,
+    _restart,
     _xpyd,
     free_port,
     frees_of,
@@ -36,8 +37,10 @@ from kvspec.validate import validate_events
 
 
 def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
-            cmd: list[str] | None, grace_s: float) -> EngineProc:  # fmt: skip
-    env = {**os.environ, DIR_ENV: str(rec), "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+            cmd: list[str] | None, grace_s: float, port: int = 0) -> EngineProc:  # fmt: skip
+    """Engine `eid`'s process; `port`: its NIXL side channel (0: a free one)."""
+    env = {**os.environ, DIR_ENV: str(rec),
+           "VLLM_NIXL_SIDE_CHANNEL_PORT": str(port or free_port()),
            "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1",
            # vLLM logs to stdout by default; stdout is the engine's answer channel
            "VLLM_LOGGING_STREAM": "ext://sys.stderr",
@@ -79,23 +82,31 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
     for eid in p_ids + d_ids:  # the ExampleConnector children's stores (MultiConnector)
         shutil.rmtree(out / f"example-{eid}", ignore_errors=True)
     res = ScenarioResult(sc.name, "inconclusive", 0.0)
-    engines = [_engine(sc, eid, model, rec, out, engine_cmd, grace_s) for eid in p_ids + d_ids]
+    port = free_port()  # P's side channel: a restarted P (P2) binds it again
+    first = [eid for eid in p_ids + d_ids if not (sc.p_restart and eid == "P2")]
+    engines = [_engine(sc, eid, model, rec, out, engine_cmd, grace_s, port if eid == "P" else 0)
+               for eid in first]  # fmt: skip
+
+    def frees(glob: str = "P*-scheduler-*.ndjson") -> int:
+        # Polled every 0.5 s while the producer busy-loops (~300 events/s): count the
+        # free lines of P's scheduler file, do not parse the whole recording each time.
+        return "".join(f.read_text() for f in rec.glob(glob)).count('"call": "free_blocks"')
+
     try:
         for e in engines:
             e.ask(None, start_s)  # the "ready" line
         ps = prompts(sc.requests)
-        if len(p_ids) > 1 or len(d_ids) > 1:
+        if sc.p_restart:
+            _restart(sc, engines, ps, res, step_s, start_s, lambda: _engine(
+                sc, "P2", model, rec, out, engine_cmd, grace_s, port),
+                lambda: frees("P-scheduler-*.ndjson"))  # fmt: skip
+        elif len(p_ids) > 1 or len(d_ids) > 1:
             _xpyd(sc, engines[:len(p_ids)], engines[len(p_ids):], ps, res, step_s)
         else:
             _one_pair(sc, engines, ps, res, step_s)
-
-        def p_freed() -> bool:
-            # Polled every 0.5 s while the producer busy-loops (~300 events/s): count the
-            # free lines of P's scheduler file, do not parse the whole recording each time.
-            text = "".join(f.read_text() for f in rec.glob("P*-scheduler-*.ndjson"))
-            return text.count('"call": "free_blocks"') >= (sc.requests - len(sc.abort)) * sc.p_n
-
-        if not wait_until(p_freed, step_s):
+        # every request freed, but the one the crashed producer held (p_restart)
+        want = (sc.requests - len(sc.abort)) * sc.p_n - sc.p_restart
+        if not wait_until(lambda: frees() >= want, step_s):
             raise EngineTimeout(f"producer did not free {sc.requests} requests in {step_s:.0f} s")
     except EngineTimeout as exc:
         res.detail = f"timeout: {exc}"
@@ -114,6 +125,10 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
     p_ids, d_ids = sc.engine_ids()
     for eid in p_ids + d_ids:
         base, last, freed = frees_of(events, eid)
+        if sc.p_restart and eid == "P":  # killed holding request 2: its blocks died with it
+            res.checks.append(Check("P freed request 1 before its crash", len(freed) == 1,
+                                    f"{len(freed)} requests freed"))  # fmt: skip
+            continue
         res.checks.append(Check(f"{eid} free blocks back to baseline", base is not None
                                 and base == last, f"baseline {base}, end {last}, "
                                 f"{len(freed)} requests freed"))  # fmt: skip

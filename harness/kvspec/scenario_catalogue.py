@@ -83,13 +83,18 @@ class Scenario:
     # robin (request n to producer n % p_engines, then to decode n % d_engines)
     p_engines: int = 1
     d_engines: int = 1
+    # P crashes (SIGKILL) after D read request 1, holding request 2 unread, and a new
+    # producer engine P2 starts on P's side-channel port (a restart: new engine id, same
+    # address); D then gets request 2 (from the dead P) and request 3 (from P2)
+    p_restart: bool = False
 
     def engine_ids(self) -> tuple[list[str], list[str]]:
         """(producer ids, decode ids): P, P2, ... and D, D2, ... (none where nobody reads)."""
         def ids(x: str, n: int) -> list[str]:
             return [x if i == 0 else f"{x}{i + 1}" for i in range(n)]
 
-        return ids("P", self.p_engines), ids("D", self.d_engines) if self.consumer else []
+        ps = ids("P", max(self.p_engines, 2 if self.p_restart else 1))
+        return ps, ids("D", self.d_engines) if self.consumer else []
 
 
 SCENARIOS = {
@@ -167,6 +172,10 @@ SCENARIOS = {
         Scenario("pd-2p1d", "two P engines feed one D, 4 requests round robin: D handshakes "
                  "with each P separately and READs each request from the P that prefilled "
                  "it", requests=4, p_engines=2, lease=120),
+        Scenario("pd-p-restart", "P crashes holding an unread request and restarts as P2 on "
+                 "its address: D READs the dead P's request (fail policy) and P2's new one, "
+                 "which replaces P in D (_track_remote_engine_replacement)", requests=3,
+                 p_restart=True, lease=120),
         Scenario("lease-expiry", "P only, nobody reads: blocks freed when the 6 s lease expires",
                  requests=1, consumer=False, lease=6),
         # GPU runners (vLLM refuses offloading and PCP on CPU). Not run here yet: no GPU

@@ -13,7 +13,7 @@ from typing import Any
 
 from kvspec.record.log import Event
 from kvspec.scenario_catalogue import Scenario
-from kvspec.scenario_proc import EngineProc
+from kvspec.scenario_proc import EngineProc, EngineTimeout
 
 
 @dataclass
@@ -183,3 +183,40 @@ def _hand_on(p: EngineProc, d: EngineProc, ask_p: dict[str, Any], ps: list[list[
             handed[n] = got["outputs"][0]
         line = p.ask(None, step_s)
     return line, [handed[n] for n in sorted(handed)]
+
+
+def _restart(sc: Scenario, engines: list[EngineProc], ps: list[list[int]],
+             res: ScenarioResult, step_s: float, start_s: float,
+             p2: Callable[[], EngineProc], p_frees: Callable[[], int]) -> None:  # fmt: skip
+    """A producer crash and restart: P prefills requests 1 and 2, D decodes request 1 and P
+    frees it on D's notification; P is killed (SIGKILL) holding request 2, and P2 starts
+    on P's side-channel address with a new engine id and prefills request 3; D gets
+    request 2 (its params name the dead P, whose agent D still holds) and request 3
+    together. `engines`: [P, D], P2 appended once started (the caller closes them)."""
+    p, d = engines
+    pre = p.ask({"cmd": "generate", "prompts": ps[:2], "max_tokens": 1, "remote_decode": True,
+                 "tag": "p"}, step_s)  # fmt: skip
+    params = [o["params"] for o in pre["outputs"]]
+    first = d.ask({"cmd": "generate", "prompts": [ps[0]], "params": [params[0]],
+                   "max_tokens": sc.max_tokens, "tag": "d"}, step_s)  # fmt: skip
+    if not wait_until(lambda: p_frees() >= 1, step_s):
+        raise EngineTimeout(f"P did not free request 1 in {step_s:.0f} s")
+    p.kill()
+    new = p2()
+    engines.append(new)
+    new.ask(None, start_s)  # the "ready" line
+    pre3 = new.ask({"cmd": "generate", "prompts": [ps[2]], "max_tokens": 1,
+                    "remote_decode": True, "tag": "q"}, step_s)  # fmt: skip
+    got = d.ask({"cmd": "generate", "prompts": ps[1:3],
+                 "params": [params[1], pre3["outputs"][0]["params"]],
+                 "max_tokens": sc.max_tokens, "tag": "e"}, step_s)  # fmt: skip
+    ref = d.ask({"cmd": "generate", "prompts": [ps[0], ps[2]], "max_tokens": sc.max_tokens,
+                 "tag": "local"}, step_s)  # fmt: skip
+    outs = [first["outputs"][0], *got["outputs"]]
+    res.checks.append(Check("requests 1 and 3 decode as a local run",
+                            [outs[0]["tokens"], outs[2]["tokens"]]
+                            == [r["tokens"] for r in ref["outputs"]],
+                            f"P/D {outs[0]['tokens']} {outs[2]['tokens']}"))  # fmt: skip
+    res.checks.append(Check("D failed request 2, whose producer crashed (fail policy)",
+                            outs[1].get("finish") == "error",
+                            f"finish reason {outs[1].get('finish')}"))  # fmt: skip

@@ -96,6 +96,15 @@ class EngineProc:
                 self.timings.append((time.monotonic(), "answer", ",".join(sorted(obj))))
                 return obj
 
+    def kill(self) -> None:
+        """SIGKILL the engine's process group, vLLM's children included: a crash, as a
+        scenario stages one (`close` later writes the timings)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
     def close(self) -> None:
         """Ask the engine to exit, kill its process group after grace_s, and append the
         exchange timings to its log. Idempotent."""

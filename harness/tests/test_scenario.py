@@ -196,3 +196,31 @@ def test_xpyd_scenarios_refuse_what_only_one_pair_runs() -> None:
         _xpyd(sc, [], [], [[1]], ScenarioResult("x", "", 0.0), 1)
     assert SCENARIOS["pd-1p2d"].engine_ids() == (["P"], ["D", "D2"])
     assert SCENARIOS["pd-2p1d"].engine_ids() == (["P", "P2"], ["D"])
+
+
+def test_a_restart_kills_p_once_it_freed_request_1_and_hands_d_both_producers_requests(
+    tmp_path: Path,
+) -> None:
+    from kvspec.scenario_flows import ScenarioResult, _restart
+
+    p, d = (EngineProc(SHARES, {}, tmp_path / f"{n}.log", grace_s=0.1) for n in "pd")
+    started: list[EngineProc] = []
+
+    def p2() -> EngineProc:
+        # the fake answers "ready" to nothing: hand it a line first
+        e = EngineProc([sys.executable, "-c", "print('{\"ready\": true}')\n" + SHARES[2]], {},
+                       tmp_path / "p2.log", grace_s=0.1)  # fmt: skip
+        started.append(e)
+        return e
+
+    engines = [p, d]
+    res = ScenarioResult("pd-p-restart", "", 0.0)
+    try:
+        _restart(SCENARIOS["pd-p-restart"], engines, [[10], [11], [12]], res, 60, 60, p2,
+                 lambda: 1)  # fmt: skip
+    finally:
+        for e in engines:
+            e.close()
+    assert p.proc.returncode == -9 and engines == [p, d, *started]
+    # the fakes echo prompts: 1 and 3 "decode" alike; request 2 has no finish reason
+    assert [c.ok for c in res.checks] == [True, False]

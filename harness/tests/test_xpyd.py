@@ -275,3 +275,46 @@ def test_the_cli_validates_each_producer_and_names_the_one_asked(
     assert main(["validate", run, "--side", "producer", "--producer", "D",
                  "--work", str(tmp_path / "w3")]) == 2  # fmt: skip
     assert "D is no producer engine here; producers: P, P2" in capsys.readouterr().err
+
+
+# pd-p-restart: P killed (SIGKILL) holding an unread request, restarted as P2 on its address
+def test_a_producer_crash_leaves_a_read_that_never_reached_it(tmp_path: Path) -> None:
+    events = _events("pd-p-restart")
+    m = map_recording(events, producer="P")
+    # D's READ of request 2 failed to post (the dead peer: NIXL_ERR_REMOTE_DISCONNECT,
+    # recorded posted=false): no READ of P; request 1's READ is
+    assert (len(m.requests), sorted(e.r for e in m.log if e.a == "read")) == (2, [1])
+    assert _producer(events, "P", tmp_path / "p") == ("admitted", len(m.log))
+    assert len(map_recording(events, producer="P2").requests) == 1
+    # the clock: D gave request 2 up with no READ posted (abandon), and its heartbeat to
+    # the dead P failed (lost at rank 0)
+    cm = map_clock(events, producer="P")
+    assert [e.a for e in cm.log if e.r == 2 and e.a in ("read", "abandon")] == ["abandon"]
+    assert cm.heartbeats == _meta("pd-p-restart")["producers"]["P"]["clock_heartbeats"]
+    v = check_clock(cm, "v0.30-shipped", tmp_path / "c")
+    if "inconclusive" in (v.design.verdict, v.safe):
+        pytest.skip(f"inconclusive: {v.design.detail}")
+    assert (v.design.verdict, v.safe) == ("admitted", "safe")
+
+
+def test_negative_control_a_failed_post_taken_for_a_read_is_refused_by_the_clock() -> None:
+    events = [dataclasses.replace(e, result={**e.result, "posted": True})
+              if e.call == "read" and e.result.get("posted") is False else e
+              for e in _events("pd-p-restart")]  # fmt: skip
+    m = map_recording(events, producer="P")
+    assert sorted(e.r for e in m.log if e.a == "read") == [1, 2]
+    with pytest.raises(MappingError, match="READ of e0-958cef5a failed: KVClock has no failed"):
+        map_clock(events, producer="P")
+
+
+def test_the_crashed_producers_share_of_d_is_0_32s_design_and_not_35943s(tmp_path: Path) -> None:
+    events = _events("pd-p-restart")
+    dm = map_decode(events, "D", "P")
+    assert _decode(events, "D", "P", tmp_path / "ok") == ("admitted", len(dm.log))
+    assert _decode(events, "D", "P2", tmp_path / "p2")[0] == "admitted"
+    # #35943 (a failed load only logged): rejected at the step that reported it failed
+    at = next(n for n, e in enumerate(dm.log) if e.a == "execute" and any(e.fail))
+    v = check_bug(dm, "failure-only-logged", tmp_path / "bug")
+    if v.verdict == "inconclusive":
+        pytest.skip(f"inconclusive: {v.detail}")
+    assert (v.verdict, v.explained) == ("rejected", at)

@@ -199,8 +199,10 @@ def _decode_events(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEve
     def r_of(rid: str) -> int | None:
         return m.requests.get(d_to_p.get(rid, ""))
 
+    # READs that reached P: not notify-only, not one whose posting failed (mapping.py)
     read_ids = {e.reqs[0] for e in events if e.engine in m.consumers and e.call == "read"
-                and e.reqs and not e.result.get("notify_only")}  # fmt: skip
+                and e.reqs and not e.result.get("notify_only")
+                and e.result.get("posted") is not False}  # fmt: skip
 
     out = []
     errored: set[str] = set()  # D's receives a worker reported a load error for

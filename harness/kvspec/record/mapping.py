@@ -217,6 +217,11 @@ def map_recording(events: list[Event], *, drop: bool = True, producer: str | Non
         elif e.engine in consumers and e.role == "worker":
             if e.call == "read" and e.result.get("remote_engine", producer) != producer:
                 continue  # another producer's (xPyD)
+            if e.call == "read" and e.result.get("posted") is False:
+                # _read_blocks returned False: posting failed (transfer_setup_failed,
+                # pull_worker.py:561-575; recorded: a READ of a crashed producer), so no
+                # READ reached P. D reports the receive failed; the decode side maps it
+                continue
             if e.call == "read":
                 prid = str(e.result.get("remote_request_id", ""))
                 d_to_p[e.reqs[0]] = prid
