@@ -1,8 +1,9 @@
 """`kvspec scenario NAME`: real vLLM engines (one process each, kvspec.scenario_engine) run a
 prefill/decode exchange over NIXL with recording connectors; the recording is validated
-against the spec (kvspec.validate) and the end state is checked: the producer's and the
-consumer's free blocks are back to their baseline and the decode outputs equal a local
-run of the same prompts.
+against the spec (kvspec.validate; each producer on its own where there are several) and
+the end state is checked: every engine's free blocks are back to their baseline (not a
+producer the scenario killed) and the decode outputs equal a local run of the same
+prompts. How requests travel between the engines: kvspec.scenario_flows.
 
 Every wait on an engine has a deadline; one that passes is a timeout, and the scenario is
 then "inconclusive", never "fail" (a loaded machine is not a bug); so is an engine killed by
@@ -49,7 +50,7 @@ def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
     args = cmd or [sys.executable, "-m", "kvspec.scenario_engine"]
 
     args = [*args, "--model", str(model), "--engine-id", eid, "--connector", sc.connector,
-            "--tp", str(sc.tp if eid.startswith("P") else sc.d_tp), "--lease", str(sc.lease),
+            "--tp", str(sc.tp_of(eid)), "--lease", str(sc.lease),
             "--device", sc.device,
             "--child", sc.child, *(["--sync"] if sc.sync else []),
             # each engine's ExampleConnector gets a fresh directory of its own: D's child

@@ -83,10 +83,17 @@ class Scenario:
     # robin (request n to producer n % p_engines, then to decode n % d_engines)
     p_engines: int = 1
     d_engines: int = 1
+    p2_tp: int = 0  # the second producer's TP where it differs from `tp` (0: the same)
     # P crashes (SIGKILL) after D read request 1, holding request 2 unread, and a new
     # producer engine P2 starts on P's side-channel port (a restart: new engine id, same
     # address); D then gets request 2 (from the dead P) and request 3 (from P2)
     p_restart: bool = False
+
+    def tp_of(self, eid: str) -> int:
+        """Engine eid's tensor-parallel size."""
+        if eid == "P2" and self.p2_tp:
+            return self.p2_tp
+        return self.tp if eid.startswith("P") else self.d_tp
 
     def engine_ids(self) -> tuple[list[str], list[str]]:
         """(producer ids, decode ids): P, P2, ... and D, D2, ... (none where nobody reads)."""
@@ -172,6 +179,9 @@ SCENARIOS = {
         Scenario("pd-2p1d", "two P engines feed one D, 4 requests round robin: D handshakes "
                  "with each P separately and READs each request from the P that prefilled "
                  "it", requests=4, p_engines=2, lease=120),
+        Scenario("pd-2p1d-tp", "pd-2p1d with P2 at TP 2: D (TP 1) READs P's requests from "
+                 "its one rank and P2's from both of P2's ranks (a TP mapping per remote "
+                 "engine, nixl/tp_mapping.py)", requests=4, p_engines=2, p2_tp=2, lease=120),
         Scenario("pd-p-restart", "P crashes holding an unread request and restarts as P2 on "
                  "its address: D READs the dead P's request (fail policy) and P2's new one, "
                  "which replaces P in D (_track_remote_engine_replacement)", requests=3,

@@ -103,7 +103,8 @@ def _clock(events: list[Event], d: str, tmp: Path) -> tuple[str, int, str]:
     return v.design.verdict, v.design.explained, v.safe
 
 
-@pytest.mark.parametrize("d", ["D", "D2"])
+# D's share is admitted in the negative control below too
+@pytest.mark.parametrize("d", [pytest.param("D", marks=pytest.mark.slow), "D2"])
 def test_each_decode_engines_share_of_the_producer_is_admitted_by_the_clock(
     d: str, tmp_path: Path
 ) -> None:
@@ -143,7 +144,12 @@ def test_a_lost_report_of_d2s_request_is_rejected_in_d2s_share_of_the_clock_only
     assert _clock(events, "D", tmp_path / "d")[0] == "admitted"
 
 
-@pytest.mark.parametrize(("name", "p"), [("pd-2p1d", "P"), ("pd-2p1d", "P2"), ("pd-1p2d", None)])
+@pytest.mark.parametrize(
+    ("name", "p"),
+    # ("pd-2p1d", "P") is admitted in the negative control below too
+    [pytest.param("pd-2p1d", "P", marks=pytest.mark.slow), ("pd-2p1d", "P2"),
+     ("pd-1p2d", None), ("pd-2p1d-tp", "P2")],
+)  # fmt: skip
 def test_each_producer_of_a_recorded_xpyd_run_is_admitted(
     name: str, p: str | None, tmp_path: Path
 ) -> None:
@@ -155,8 +161,10 @@ def test_each_producer_of_a_recorded_xpyd_run_is_admitted(
 
 @pytest.mark.parametrize(
     ("name", "d", "p"),
-    [("pd-2p1d", "D", "P"), ("pd-2p1d", "D", "P2"), ("pd-1p2d", "D", None),
-     ("pd-1p2d", "D2", None)],
+    # make test keeps one share of each recording's kind (and the negative controls')
+    [pytest.param("pd-2p1d", "D", "P", marks=pytest.mark.slow), ("pd-2p1d", "D", "P2"),
+     pytest.param("pd-1p2d", "D", None, marks=pytest.mark.slow), ("pd-1p2d", "D2", None),
+     pytest.param("pd-2p1d-tp", "D", "P", marks=pytest.mark.slow), ("pd-2p1d-tp", "D", "P2")],
 )  # fmt: skip
 def test_each_decode_share_of_a_recorded_xpyd_run_is_0_32s_design(
     name: str, d: str, p: str | None, tmp_path: Path
@@ -318,3 +326,14 @@ def test_the_crashed_producers_share_of_d_is_0_32s_design_and_not_35943s(tmp_pat
     if v.verdict == "inconclusive":
         pytest.skip(f"inconclusive: {v.detail}")
     assert (v.verdict, v.explained) == ("rejected", at)
+
+
+def test_a_decode_engine_keeps_one_tp_mapping_per_producer() -> None:
+    # pd-2p1d-tp: P at TP 1, P2 at TP 2; D (TP 1) READs P2's requests from both P2 ranks
+    events = _events("pd-2p1d-tp")
+    meta = _meta("pd-2p1d-tp")["producers"]
+    for p in ("P", "P2"):
+        m, dm = map_recording(events, producer=p), map_decode(events, "D", p)
+        assert m.world == dm.producer_world == meta[p]["world"]
+        reads = sorted((e.r, e.w) for e in m.log if e.a == "read")
+        assert reads == [(r, w) for r in (1, 2) for w in range(meta[p]["world"])]
