@@ -81,7 +81,7 @@ def constants(cm: ClockMapped, variant: str, sub_tick: bool = True) -> dict[str,
         "HsMax": open_, "MaxLost": "99", "Swallow": "TRUE" if cm.swallow_first else "FALSE",
         "NotifFirst": "FALSE", "Abandon": _bool(any(e.a == "abandon" for e in cm.log)),
         "ShipLate": "TRUE", "Slack": str(SLACK),
-        "MaxNow": str(cm.max_t + SLACK), "HbSeen": "TRUE" if cm.heartbeats else "FALSE",
+        "MaxNow": str(cm.max_t + SLACK), "HbSeen": _bool(cm.hb_recorded),
         "SubTick": _bool(sub_tick),
     }  # fmt: skip
     return c

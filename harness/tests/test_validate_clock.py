@@ -268,3 +268,41 @@ def test_a_receipt_no_recorded_decode_worker_sent_is_a_mapping_error() -> None:
     one_rank = [e for e in doubled if not (e.call == "heartbeat_send" and e.rank == 1)]
     with pytest.raises(MappingError, match="no recorded decode worker sent"):
         map_clock(one_rank)
+
+
+# ---------------------------------------------------- heartbeats the recorder would have seen
+def _without_heartbeats() -> list[Event]:
+    """The heartbeat-kept real run (its 12 s lease lived 32 s) with every heartbeat event
+    gone: its recorder (lease in `start`) records every heartbeat, so this log says D sent
+    none."""
+    return [e for e in _recorded("queued-heartbeats-shm-recheck")
+            if e.call not in ("heartbeat_send", "heartbeat_recv")]  # fmt: skip
+
+
+def test_a_recording_that_records_heartbeats_says_which_were_not_sent(tmp_path: Path) -> None:
+    events = _without_heartbeats()
+    cm = map_clock(events)
+    assert (cm.heartbeats, cm.hb_recorded) == (0, True)
+    # no heartbeat kept the lease: P's first step in the tick after it ran out, which
+    # freed nothing, is rejected
+    verdict, explained, _safe, log = _verdict(events, tmp_path)
+    assert verdict == "rejected"
+    assert (log[explained].a, log[explained].t) == ("execute", 9)
+    # a recorder that could not wrap _send_heartbeats says so: heartbeats are then silent
+    note = Event("D", "kv_both", "worker", 0, 1, 9999, 0, 0, "recorder_note",
+                 result={"note": "heartbeats not recorded: AttributeError()"})  # fmt: skip
+    assert map_clock([*events, note]).hb_recorded is False
+
+
+@pytest.mark.slow  # 40 s of TLC: the silent heartbeats' interleavings
+def test_negative_control_heartbeats_read_as_silent_explain_the_lost_ones(
+    tmp_path: Path,
+) -> None:
+    # the rule before the eighteenth session (heartbeats silent where the log has none)
+    from kvspec.validate_clock import check_clock
+
+    cm = replace(map_clock(_without_heartbeats()), hb_recorded=False)
+    v = check_clock(cm, "v0.30-shipped", tmp_path)
+    if v.design.verdict == "inconclusive":
+        pytest.skip(f"inconclusive: {v.design.detail}")
+    assert (v.design.verdict, v.safe) == ("admitted", "safe")

@@ -128,7 +128,7 @@ def engines_of(events: list[Event], producer: str | None = None) -> tuple[str, l
                            f"{', '.join(scheds) or 'none'}")  # fmt: skip
     # a consumer of p: one that READ from it or was handed a request naming it (recordings
     # before `remote_engine` name none: every consumer is then p's)
-    named = {e.engine: str(e.result.get("remote_engine", "")) for e in events
+    named = {e.engine for e in events
              if e.engine in readers and (e.call == "read" or (e.call == "add_request"
                                          and e.result.get("remote_prefill")))
              and e.result.get("remote_engine", "") in ("", p)}  # fmt: skip
