@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from kvspec.record.log import Event, read_dir
-from kvspec.record.mapping import MappingError, producer_engines
+from kvspec.record.mapping import MappingError, Sides, validation_sides
 from kvspec.validate import validate_events
 from kvspec.validate_clock import validate_clock
 from kvspec.validate_decode import validate_decode
@@ -23,21 +23,20 @@ from kvspec.validate_decode import validate_decode
 RECORDED = Path(__file__).resolve().parents[1] / "conformance" / "recorded"
 
 
-def _sides(events: list[Event], name: str, p: str | None, work: Path) -> list[dict[str, object]]:
-    """The producer side of producer p (None: the recording's only one), its clock, and
-    each decode engine that read from it."""
+def _rows(events: list[Event], name: str, s: Sides, work: Path) -> list[dict[str, object]]:
+    """One producer's sides (mapping.validation_sides): its producer side, its clock (per
+    decode engine's share where it feeds several), each decode engine's share of it."""
     rows: list[dict[str, object]] = []
     t = time.perf_counter()
-    v = validate_events(events, work / "p", producer=p)
+    v = validate_events(events, work / "p", producer=s.producer)
     rows.append({"recording": name, "side": "producer", "events": len(v.mapped.log),
                  "designs": len(v.designs), "s": time.perf_counter() - t,
                  "admitted": v.admitted})  # fmt: skip
-    ds = v.mapped.consumers
-    for c in ds if len(ds) > 1 else [None]:  # KVClock has one D: each one's share of p
+    for c in s.clocks:
         side = f"clock {c}" if c else "clock"
         t = time.perf_counter()
         try:  # the clock needs the lease, recorded since 2026-12-03
-            cv = validate_clock(events, work / "c" / (c or ""), producer=p, consumer=c)
+            cv = validate_clock(events, work / "c" / (c or ""), producer=s.producer, consumer=c)
             rows.append({"recording": name, "side": side, "events": len(cv.mapped.log),
                          "designs": len(cv.designs), "s": time.perf_counter() - t,
                          "admitted": [f"{x.design.variant} ({x.safe})" for x in cv.designs
@@ -45,11 +44,11 @@ def _sides(events: list[Event], name: str, p: str | None, work: Path) -> list[di
         except MappingError as exc:
             rows.append({"recording": name, "side": side, "events": 0, "designs": 0,
                          "s": 0.0, "admitted": [f"not mapped: {exc}"[:60]]})  # fmt: skip
-    for c in ds:
-        side = "decode" if len(ds) == 1 else f"decode {c}"
+    for c in s.decodes:
+        side = "decode" if len(s.decodes) == 1 else f"decode {c}"
         t = time.perf_counter()
         try:
-            dv = validate_decode(events, work / "d" / c, engine=c, producer=p)
+            dv = validate_decode(events, work / "d" / c, engine=c, producer=s.producer)
         except MappingError as exc:  # recorded before the decode side could be mapped
             rows.append({"recording": name, "side": side, "events": 0, "designs": 0,
                          "s": 0.0, "admitted": [f"not mapped: {exc}"[:60]]})  # fmt: skip
@@ -68,11 +67,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for d in sorted(x for x in RECORDED.iterdir() if x.is_dir()):
             events = read_dir(d)
-            ps = producer_engines(events)
-            for p in ps:  # xPyD: each producer, and each decode engine's share of it
-                which = p if len(ps) > 1 else None
-                rows += _sides(events, f"{d.name}:{p}" if which else d.name, which,
-                               Path(tmp) / d.name / p)  # fmt: skip
+            for s in validation_sides(events):  # xPyD: each producer on its own
+                rows += _rows(events, f"{d.name}:{s.name}" if s.producer else d.name, s,
+                              Path(tmp) / d.name / s.name)  # fmt: skip
     print(f"{'recording':26} {'side':9} {'events':>6} {'designs':>7} {'s':>6} {'ev*des/s':>9}"
           "  admitted by")
     for r in rows:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from kvspec.record.log import DIR_ENV, Event, read_dir
+from kvspec.record.mapping import Sides, validation_sides
 from kvspec.scenario_catalogue import MODEL_CONFIGS, SCENARIOS, Scenario
 from kvspec.scenario_flows import (
     Check,
@@ -136,9 +137,13 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
     t = time.monotonic()
     res.events = len(events)
     undecided = False
+    sides = {s.name: s for s in validation_sides(events)}
     for n, p in enumerate(p_ids):  # each producer's completion is its own (xPyD)
+        if p not in sides:
+            res.checks.append(Check(f"{p} recorded", False, "no scheduler steps to validate"))
+            continue
         no_verdict, admitted = _validate_producer(sc, events, out / "validate", res,
-                                                  p if len(p_ids) > 1 else None, d_ids)  # fmt: skip
+                                                  sides[p], d_ids)  # fmt: skip
         undecided |= no_verdict
         # the designs that admit every producer's log
         res.admitted = admitted if n == 0 else [x for x in res.admitted if x in admitted]
@@ -151,15 +156,15 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
 
 
 def _validate_producer(sc: Scenario, events: list[Event], work: Path, res: ScenarioResult,
-                       p: str | None, d_ids: list[str]) -> tuple[bool, list[str]]:  # fmt: skip
-    """Producer p's sides (p None: the recording's only producer): KVTrace, the clock, and
-    each decode engine's share of p (Decode.tla's 0.32 design). Adds res's checks.
-    Returns (TLC gave no verdict somewhere: timed out or failed, the designs admitting
-    p's KVTrace log)."""
-    from kvspec.record.mapping import MappingError, engines_of
+                       s: Sides, d_ids: list[str]) -> tuple[bool, list[str]]:  # fmt: skip
+    """A producer's sides (mapping.validation_sides): KVTrace, the clock, and each decode
+    engine's share of it (Decode.tla's 0.32 design). Adds res's checks. Returns (TLC gave
+    no verdict somewhere: timed out or failed, the designs admitting its KVTrace log)."""
+    from kvspec.record.mapping import MappingError
     from kvspec.validate_clock import validate_clock
     from kvspec.validate_decode import validate_decode
 
+    p = s.producer
     of = f" ({p})" if p else ""
     admitted: list[str] | None = None
     if p:
@@ -178,11 +183,7 @@ def _validate_producer(sc: Scenario, events: list[Event], work: Path, res: Scena
     # where the clock can map the run (the mapping says why not: one place decides);
     # once per decode engine where P feeds several (KVClock has one: project_log)
     undecided = False
-    try:
-        mine = engines_of(events, p)[1]
-    except MappingError:
-        mine = []
-    for c in mine if len(mine) > 1 else [None]:
+    for c in s.clocks:
         at = f"{of} ({c}'s requests)" if c else of
         try:
             cv = validate_clock(events, work / (c or ""), ("v0.30-shipped",), sc.lease or 30,
@@ -201,7 +202,7 @@ def _validate_producer(sc: Scenario, events: list[Event], work: Path, res: Scena
         # Not where local requests share D's run slots: Decode.tla has P/D requests only.
         return undecided, admitted or []
     # the decode engines that took p's requests (xPyD: not every one need)
-    d_ids = [d for d in d_ids if d in mine] if p else d_ids
+    d_ids = [d for d in d_ids if d in s.decodes] if p else d_ids
     for d in d_ids:  # the decode engine against Decode.tla (spec/DecodeTrace.tla)
         name = f"decode side{f' {d}' if len(d_ids) > 1 else ''}{of} admitted by 0.32's design"
         try:

@@ -25,10 +25,11 @@ from kvspec.record.log import Event, RecordError, read_dir
 from kvspec.record.mapping import (
     Mapped,
     MappingError,
+    Sides,
     SpecEvent,
     engines_of,
     map_recording,
-    producer_engines,
+    validation_sides,
 )
 from kvspec.statgraph import parse_dot
 from kvspec.tlc import run_tlc
@@ -300,10 +301,11 @@ def _per_engine(args: argparse.Namespace, side: str, label: str, ds: list[str | 
     return got[str(ds[0])] if len(ds) == 1 else got
 
 
-def _one_producer(events: list[Event], args: argparse.Namespace, producer: str | None, work: Path,
+def _one_producer(events: list[Event], args: argparse.Namespace, s: Sides, work: Path,
                   ok: list[bool]) -> dict[str, object] | None:  # fmt: skip
-    """Every asked side of one producer (and of each decode engine's share of it); None
-    where the producer side is inconclusive and admits nothing (exit 2)."""
+    """Every asked side of one producer (mapping.validation_sides, narrowed by --engine);
+    None where the producer side is inconclusive and admits nothing (exit 2)."""
+    producer = s.producer
     doc: dict[str, object] = {}
     if args.side in ("producer", "both"):
         v = validate_events(events, work, tuple(args.variant or VARIANTS), producer)
@@ -315,7 +317,7 @@ def _one_producer(events: list[Event], args: argparse.Namespace, producer: str |
         if any(d.verdict == "inconclusive" for d in v.designs) and not v.admitted:
             return None
         ok.append(bool(v.admitted))
-    ds: list[str | None] = [args.engine] if args.engine else [*engines_of(events, producer)[1]]
+    ds: list[str | None] = [args.engine] if args.engine else [*s.decodes]
     if args.side in ("decode", "both"):
         # none: validate_decode says why, in one line
         dec = _per_engine(args, "decode", "decode side", ds or [None], work, ok,
@@ -324,7 +326,7 @@ def _one_producer(events: list[Event], args: argparse.Namespace, producer: str |
             doc["decode"] = dec
     if args.side in ("clock", "both"):
         # KVClock has one decode engine: a producer of several is validated once per D
-        cs: list[str | None] = [*ds] if len(ds) > 1 or args.engine else [None]
+        cs: list[str | None] = [args.engine] if args.engine else [*s.clocks]
         clk = _per_engine(args, "clock", "clock", cs, work, ok,
                           lambda c, at: _clock_side(events, args, producer, c, at))  # fmt: skip
         if clk is not None:
@@ -338,17 +340,18 @@ def run(args: argparse.Namespace) -> int:
     try:
         events = read_dir(args.trace_dir)
         # each producer's completion is its own (xPyD: no vLLM state spans P engines)
-        names: list[str | None] = [args.producer] if args.producer else [
-            *producer_engines(events)]
-        for p in names or [None]:  # none: engines_of says so, in one line
-            if len(names) > 1:
-                print(f"== producer {p}")
-            got = _one_producer(events, args, p, args.work / str(p) if len(names) > 1
+        plan = [s for s in validation_sides(events) if args.producer in (None, s.name)]
+        if not plan:  # no producer, or not the one asked: engines_of says so in one line
+            engines_of(events, args.producer)
+        for s in plan:
+            if len(plan) > 1:
+                print(f"== producer {s.name}")
+            got = _one_producer(events, args, s, args.work / s.name if len(plan) > 1
                                 else args.work, ok)  # fmt: skip
             if got is None:
                 return 2
-            if len(names) > 1:
-                doc.setdefault("producers", {})[str(p)] = got  # type: ignore[index]
+            if len(plan) > 1:
+                doc.setdefault("producers", {})[s.name] = got  # type: ignore[index]
             else:
                 doc = got
     except (RecordError, MappingError) as exc:

@@ -20,6 +20,7 @@ from kvspec.record.mapping import (
     consumer_engines,
     map_recording,
     producer_engines,
+    validation_sides,
 )
 
 _EMPTY_KEYS = ("new", "finished_sending", "finished_recving", "failed_recving")
@@ -54,19 +55,16 @@ def _producer_drops(events: list[Event]) -> dict[str, set[int]]:
     in each decode engine's share) where it can map the run (not without a recorded
     lease), and less the steps another event of either log falls inside
     (steps_holding_events): each log of the compacted recording is the original's."""
-    ps = producer_engines(events)
     out: dict[str, set[int]] = {}
-    for p in ps:
-        which = p if len(ps) > 1 else None
-        m = map_recording(events, producer=which)
-        out[p] = m.dropped_steps - m.held_steps
-        # the clock validates a producer of several D engines once per D (project_log)
-        for c in m.consumers if len(m.consumers) > 1 else [None]:
+    for s in validation_sides(events):
+        m = map_recording(events, producer=s.producer)
+        out[s.name] = m.dropped_steps - m.held_steps
+        for c in s.clocks:
             try:
-                cm = map_clock(events, producer=which, consumer=c)
+                cm = map_clock(events, producer=s.producer, consumer=c)
             except MappingError:
                 continue
-            out[p] &= cm.dropped_steps - cm.held_steps
+            out[s.name] &= cm.dropped_steps - cm.held_steps
     return out
 
 

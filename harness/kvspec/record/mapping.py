@@ -135,6 +135,30 @@ def engines_of(events: list[Event], producer: str | None = None) -> tuple[str, l
     return p, [c for c in readers if c in named]
 
 
+@dataclass(frozen=True)
+class Sides:
+    """What is validated of one producer: its KVTrace log, its clock once per entry of
+    `clocks` (a decode engine's share, mapping.project_log; None: the whole producer, fed
+    by at most one decode engine: KVClock has one), and each decode engine's share of it."""
+
+    producer: str | None  # the `producer` argument of the mappings: None if the only one
+    name: str  # its engine
+    clocks: tuple[str | None, ...]
+    decodes: tuple[str, ...]
+
+
+def validation_sides(events: list[Event]) -> list[Sides]:
+    """Each recorded producer's Sides (xPyD: several; each producer's completion is its
+    own). Used by kvspec validate, the scenarios, the compaction and bench/validate.py."""
+    ps = producer_engines(events)
+    out = []
+    for p in ps:
+        which = p if len(ps) > 1 else None
+        ds = tuple(engines_of(events, which)[1])
+        out.append(Sides(which, p, ds if len(ds) > 1 else (None,), ds))
+    return out
+
+
 def _rank_steps(events: list[Event], producer: str) -> dict[tuple[int, int], Event]:
     """(rank, step) -> that rank's get_transfer_results, by order within the rank."""
     count: dict[int, int] = defaultdict(int)
