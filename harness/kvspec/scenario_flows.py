@@ -1,7 +1,8 @@
 """How requests travel between a scenario's engines (kvspec.scenario runs them): one
 producer and one decode engine (a plain round trip, KV pressure handed on as P streams),
-several of each (xPyD, a proxy's round robin), and the shared pieces: prompts, the
-waits, the checks of outputs and of free blocks."""
+several of each (xPyD, a proxy's round robin), a producer that crashes and restarts on
+its address, and the shared pieces: prompts, the waits, the checks of outputs and of
+free blocks."""
 
 from __future__ import annotations
 
