@@ -89,6 +89,17 @@ class Scenario:
     # address); D then gets request 2 (from the dead P) and request 3 (from P2)
     p_restart: bool = False
 
+    def __post_init__(self) -> None:
+        # several engines of a kind (xPyD) or a restart: plain requests, spread or handed
+        # on by their own flows (kvspec.scenario_flows), none of the one-pair options
+        several = self.p_engines > 1 or self.d_engines > 1 or self.p_restart
+        if several and (self.abort or self.d_abort or self.kv_blocks or self.queued
+                        or self.dead_port or self.p_n > 1):  # fmt: skip
+            raise ValueError(f"{self.name}: xPyD and restart scenarios run plain requests "
+                             "only (no aborts, pool bounds, queues, dead ports or n > 1)")
+        if self.p_restart and (self.requests != 3 or self.p_engines > 1 or self.d_engines > 1):
+            raise ValueError(f"{self.name}: a restart runs 3 requests, one P and one D")
+
     def tp_of(self, eid: str) -> int:
         """Engine eid's tensor-parallel size."""
         if eid == "P2" and self.p2_tp:

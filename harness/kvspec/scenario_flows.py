@@ -114,37 +114,28 @@ def _xpyd(sc: Scenario, producers: list[EngineProc], consumers: list[EngineProc]
     """Several producers or decode engines: request n is prefilled on producer
     n % len(producers) and decoded on engine n % len(consumers), every engine of a kind
     asked at once (a proxy's round robin); the local reference runs on the first D."""
-    if sc.abort or sc.d_abort or sc.kv_blocks or sc.queued or sc.dead_port or sc.p_n > 1:
-        raise ValueError(f"{sc.name}: xPyD scenarios spread plain requests only")
-    pre = _fan_out(producers, ps, lambda n: {"max_tokens": 1, "remote_decode": True}, "p",
-                   step_s)  # fmt: skip
-    params = [o["params"] for o in pre]
+    pre = _fan_out(producers, ps, {"max_tokens": 1, "remote_decode": True}, None, "p", step_s)
     if not consumers:
         return
-    got = _fan_out(consumers, ps, lambda n: {"params": [params[n]],
-                                             "max_tokens": sc.max_tokens}, "d", step_s)  # fmt: skip
+    got = _fan_out(consumers, ps, {"max_tokens": sc.max_tokens}, [o["params"] for o in pre],
+                   "d", step_s)  # fmt: skip
     ref = consumers[0].ask({"cmd": "generate", "prompts": ps, "max_tokens": sc.max_tokens,
                             "tag": "local"}, step_s)  # fmt: skip
     res.checks.append(_outputs_check(sc, got, ref["outputs"]))
 
 
-def _fan_out(engines: list[EngineProc], ps: list[list[int]],
-             args: Callable[[int], dict[str, Any]], tag: str,
+def _fan_out(engines: list[EngineProc], ps: list[list[int]], base: dict[str, Any],
+             params: list[Any] | None, tag: str,
              step_s: float) -> list[dict[str, Any]]:  # fmt: skip
-    """Each engine generates its share of the prompts (request n on engine n % len),
-    all asked before any answer is awaited; the outputs in prompt order. `args(n)`:
-    request n's generate arguments (a one-element "params" list, if any). Engine i's
-    request ids start with tag, i + 1 and "r" ("d2r0": the second D engine's first)."""
+    """Each engine generates its share of the prompts (request n on engine n % len, with
+    params[n] where given, and `base`'s generate arguments), all asked before any answer
+    is awaited; the outputs in prompt order. Engine i's request ids start with tag, i + 1
+    and "r" ("d2r0": the second D engine's first)."""
     share = [list(range(i, len(ps), len(engines))) for i in range(len(engines))]
     for i, (e, ns) in enumerate(zip(engines, share, strict=True)):
         if ns:
-            each = [args(n) for n in ns]
-            cmd: dict[str, Any] = {"cmd": "generate", "prompts": [ps[n] for n in ns],
-                                   "max_tokens": [a["max_tokens"] for a in each],
-                                   "tag": f"{tag}{i + 1}r"}  # fmt: skip
-            if "params" in each[0]:
-                cmd["params"] = [a["params"][0] for a in each]
-            cmd["remote_decode"] = bool(each[0].get("remote_decode"))
+            cmd = {"cmd": "generate", "prompts": [ps[n] for n in ns], "tag": f"{tag}{i + 1}r",
+                   **base} | ({"params": [params[n] for n in ns]} if params else {})  # fmt: skip
             e.send(cmd)
     outs: dict[int, dict[str, Any]] = {}
     for e, ns in zip(engines, share, strict=True):

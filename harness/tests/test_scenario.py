@@ -176,8 +176,8 @@ def test_xpyd_spreads_requests_round_robin_and_answers_in_prompt_order(tmp_path:
 
     engines = [EngineProc(SHARES, {}, tmp_path / f"e{i}.log", grace_s=0.1) for i in range(2)]
     try:
-        got = _fan_out(engines, [[10], [11], [12]],
-                       lambda n: {"params": [{"r": n}], "max_tokens": 4}, "d", 60)  # fmt: skip
+        got = _fan_out(engines, [[10], [11], [12]], {"max_tokens": 4},
+                       [{"r": n} for n in range(3)], "d", 60)  # fmt: skip
     finally:
         for e in engines:
             e.close()
@@ -189,11 +189,12 @@ def test_xpyd_spreads_requests_round_robin_and_answers_in_prompt_order(tmp_path:
 def test_xpyd_scenarios_refuse_what_only_one_pair_runs() -> None:
     import dataclasses
 
-    from kvspec.scenario_flows import ScenarioResult, _xpyd
-
-    sc = dataclasses.replace(SCENARIOS["pd-2p1d"], abort=(1,))
-    with pytest.raises(ValueError, match="xPyD scenarios spread plain requests only"):
-        _xpyd(sc, [], [], [[1]], ScenarioResult("x", "", 0.0), 1)
+    # refused where the scenario is defined, not once its engines run
+    with pytest.raises(ValueError, match="xPyD and restart scenarios run plain requests"):
+        dataclasses.replace(SCENARIOS["pd-2p1d"], abort=(1,))
+    with pytest.raises(ValueError, match="a restart runs 3 requests, one P and one D"):
+        dataclasses.replace(SCENARIOS["pd-p-restart"], requests=4)
+    dataclasses.replace(SCENARIOS["pd-basic"], abort=(1,))  # one pair: aborts are fine
     assert SCENARIOS["pd-1p2d"].engine_ids() == (["P"], ["D", "D2"])
     assert SCENARIOS["pd-2p1d"].engine_ids() == (["P", "P2"], ["D"])
 
