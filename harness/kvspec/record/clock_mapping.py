@@ -34,6 +34,7 @@ from kvspec.record.mapping import (
     SpecEvent,
     drop_idle_steps,
     map_recording,
+    reached_producer,
     steps_holding_events,
 )
 
@@ -202,10 +203,9 @@ def _decode_events(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEve
     def r_of(rid: str) -> int | None:
         return m.requests.get(d_to_p.get(rid, ""))
 
-    # READs that reached P: not notify-only, not one whose posting failed (mapping.py)
     read_ids = {e.reqs[0] for e in events if e.engine in m.consumers and e.call == "read"
                 and e.reqs and not e.result.get("notify_only")
-                and e.result.get("posted") is not False}  # fmt: skip
+                and reached_producer(e)}  # fmt: skip
 
     out = []
     errored: set[str] = set()  # D's receives a worker reported a load error for

@@ -241,10 +241,7 @@ def map_recording(events: list[Event], *, drop: bool = True, producer: str | Non
         elif e.engine in consumers and e.role == "worker":
             if e.call == "read" and e.result.get("remote_engine", producer) != producer:
                 continue  # another producer's (xPyD)
-            if e.call == "read" and e.result.get("posted") is False:
-                # _read_blocks returned False: posting failed (transfer_setup_failed,
-                # pull_worker.py:561-575; recorded: a READ of a crashed producer), so no
-                # READ reached P. D reports the receive failed; the decode side maps it
+            if e.call == "read" and not reached_producer(e):
                 continue
             if e.call == "read":
                 prid = str(e.result.get("remote_request_id", ""))
@@ -279,6 +276,14 @@ def map_recording(events: list[Event], *, drop: bool = True, producer: str | Non
     kept, dropped = drop_idle_steps(log) if drop else (log, set())
     return Mapped(producer, consumers, reqs, world, dict(start), kept, dropped | cut, cap,
                   steps_holding_events(log), cut)  # fmt: skip
+
+
+def reached_producer(e: Event) -> bool:
+    """A decode worker's recorded READ reached the producer: not one whose posting failed
+    (`_read_blocks` returned False, recorded posted=false: transfer_setup_failed,
+    pull_worker.py:561-575; recorded: a READ of a crashed producer). D reports such a
+    receive failed; the decode side maps it as a failed READ."""
+    return e.result.get("posted") is not False
 
 
 def taken_by(events: list[Event], consumer: str, producer: str) -> set[str]:
