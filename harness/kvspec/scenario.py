@@ -26,6 +26,7 @@ from kvspec.scenario_catalogue import MODEL_CONFIGS, SCENARIOS, Scenario
 from kvspec.scenario_flows import (
     Check,
     ScenarioResult,
+    _crash_mid_read,
     _one_pair,
     _restart,
     _xpyd,
@@ -70,6 +71,12 @@ def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
     return EngineProc(args, env, logs / f"{eid}.log", grace_s)
 
 
+def _count(rec: Path, glob: str, call: str) -> int:
+    """Events of `call` in the recording files matching glob. Polled every 0.5 s while an
+    engine busy-loops (~300 events/s): count lines, do not parse the whole recording."""
+    return "".join(f.read_text() for f in rec.glob(glob)).count(f'"call": "{call}"')
+
+
 def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float = 300,
                  engine_cmd: list[str] | None = None,
                  grace_s: float = 10) -> ScenarioResult:  # fmt: skip
@@ -90,15 +97,16 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
                for eid in first]  # fmt: skip
 
     def frees(glob: str = "P*-scheduler-*.ndjson") -> int:
-        # Polled every 0.5 s while the producer busy-loops (~300 events/s): count the
-        # free lines of P's scheduler file, do not parse the whole recording each time.
-        return "".join(f.read_text() for f in rec.glob(glob)).count('"call": "free_blocks"')
+        return _count(rec, glob, "free_blocks")
 
     try:
         for e in engines:
             e.ask(None, start_s)  # the "ready" line
         ps = prompts(sc.requests)
-        if sc.p_restart:
+        if sc.p_crash_mid_read:
+            _crash_mid_read(sc, engines, ps, res, step_s, lambda: frees("P-scheduler-*.ndjson"),
+                            lambda call: _count(rec, "D-worker-*.ndjson", call))  # fmt: skip
+        elif sc.p_restart:
             _restart(sc, engines, ps, res, step_s, start_s, lambda: _engine(
                 sc, "P2", model, rec, out, engine_cmd, grace_s, port),
                 lambda: frees("P-scheduler-*.ndjson"))  # fmt: skip
@@ -106,8 +114,8 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
             _xpyd(sc, engines[:len(p_ids)], engines[len(p_ids):], ps, res, step_s)
         else:
             _one_pair(sc, engines, ps, res, step_s)
-        # every request freed, but the one the crashed producer held (p_restart)
-        want = (sc.requests - len(sc.abort)) * sc.p_n - sc.p_restart
+        # every request freed, but the one a crashed producer held
+        want = (sc.requests - len(sc.abort)) * sc.p_n - sc.p_crashes
         if not wait_until(lambda: frees() >= want, step_s):
             raise EngineTimeout(f"producer did not free {sc.requests} requests in {step_s:.0f} s")
     except EngineTimeout as exc:
@@ -127,7 +135,7 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
     p_ids, d_ids = sc.engine_ids()
     for eid in p_ids + d_ids:
         base, last, freed = frees_of(events, eid)
-        if sc.p_restart and eid == "P":  # killed holding request 2: its blocks died with it
+        if sc.p_crashes and eid == "P":  # killed holding request 2: its blocks died with it
             res.checks.append(Check("P freed request 1 before its crash", len(freed) == 1,
                                     f"{len(freed)} requests freed"))  # fmt: skip
             continue

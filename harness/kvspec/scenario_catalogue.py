@@ -88,17 +88,30 @@ class Scenario:
     # producer engine P2 starts on P's side-channel port (a restart: new engine id, same
     # address); D then gets request 2 (from the dead P) and request 3 (from P2)
     p_restart: bool = False
+    # P hangs (SIGSTOP) after D read request 1, D posts its READ of request 2, which stays
+    # in flight while P makes no progress, and P is killed (SIGKILL) during that READ: D's
+    # poll of it raises NIXL_ERR_REMOTE_DISCONNECT (nixl/base_worker.py _pop_done_transfers)
+    p_crash_mid_read: bool = False
+
+    @property
+    def p_crashes(self) -> bool:
+        """P is killed holding request 2 (a restart or a crash during its READ)."""
+        return self.p_restart or self.p_crash_mid_read
 
     def __post_init__(self) -> None:
-        # several engines of a kind (xPyD) or a restart: plain requests, spread or handed
+        # several engines of a kind (xPyD) or a crash: plain requests, spread or handed
         # on by their own flows (kvspec.scenario_flows), none of the one-pair options
-        several = self.p_engines > 1 or self.d_engines > 1 or self.p_restart
+        several = self.p_engines > 1 or self.d_engines > 1 or self.p_crashes
         if several and (self.abort or self.d_abort or self.kv_blocks or self.queued
                         or self.dead_port or self.p_n > 1):  # fmt: skip
             raise ValueError(f"{self.name}: xPyD and restart scenarios run plain requests "
                              "only (no aborts, pool bounds, queues, dead ports or n > 1)")
         if self.p_restart and (self.requests != 3 or self.p_engines > 1 or self.d_engines > 1):
             raise ValueError(f"{self.name}: a restart runs 3 requests, one P and one D")
+        if self.p_crash_mid_read and (self.requests != 2 or self.p_restart
+                                      or self.p_engines > 1 or self.d_engines > 1):  # fmt: skip
+            raise ValueError(f"{self.name}: a crash during a READ runs 2 requests, one P and "
+                             "one D, no restart")
 
     def tp_of(self, eid: str) -> int:
         """Engine eid's tensor-parallel size."""
@@ -197,6 +210,10 @@ SCENARIOS = {
                  "its address: D READs the dead P's request (fail policy) and P2's new one, "
                  "which replaces P in D (_track_remote_engine_replacement)", requests=3,
                  p_restart=True, lease=120),
+        Scenario("pd-p-crash-mid-read", "P hangs (SIGSTOP) after D read request 1; D's READ "
+                 "of request 2 stays in flight, P is killed during it, and D's poll of the "
+                 "READ fails (NIXL_ERR_REMOTE_DISCONNECT): D fails request 2 (fail policy)",
+                 p_crash_mid_read=True, lease=120),
         Scenario("lease-expiry", "P only, nobody reads: blocks freed when the 6 s lease expires",
                  requests=1, consumer=False, lease=6),
         # GPU runners (vLLM refuses offloading and PCP on CPU). Not run here yet: no GPU

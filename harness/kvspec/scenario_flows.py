@@ -212,3 +212,48 @@ def _restart(sc: Scenario, engines: list[EngineProc], ps: list[list[int]],
     res.checks.append(Check("D failed request 2, whose producer crashed (fail policy)",
                             outs[1].get("finish") == "error",
                             f"finish reason {outs[1].get('finish')}"))  # fmt: skip
+
+
+# D's polls of request 2's READ while P hangs, before P is killed: the READ is seen in
+# flight (PROC) across steps, not only in the step that posted it
+_IN_FLIGHT_STEPS = 3
+
+
+def _crash_mid_read(sc: Scenario, engines: list[EngineProc], ps: list[list[int]],
+                    res: ScenarioResult, step_s: float, p_frees: Callable[[], int],
+                    d_count: Callable[[str], int]) -> None:  # fmt: skip
+    """A producer crash during a READ: P prefills requests 1 and 2, D decodes request 1
+    (its handshake with P done) and P frees it; P then hangs (SIGSTOP: its NIXL agent makes
+    no progress, so a READ of it cannot complete), D gets request 2 and posts its READ,
+    which stays in flight for `_IN_FLIGHT_STEPS` of D's steps; then P is killed (SIGKILL)
+    and D's next poll of the READ fails. `d_count(call)`: D's worker events of that call
+    so far. On CPU a READ of two blocks ends in milliseconds: only a hung P holds it open
+    long enough to crash P during it."""
+    p, d = engines
+    pre = p.ask({"cmd": "generate", "prompts": ps, "max_tokens": 1, "remote_decode": True,
+                 "tag": "p"}, step_s)  # fmt: skip
+    params = [o["params"] for o in pre["outputs"]]
+    first = d.ask({"cmd": "generate", "prompts": [ps[0]], "params": [params[0]],
+                   "max_tokens": sc.max_tokens, "tag": "d"}, step_s)  # fmt: skip
+    if not wait_until(lambda: p_frees() >= 1, step_s):
+        raise EngineTimeout(f"P did not free request 1 in {step_s:.0f} s")
+    reads = d_count("read")
+    p.stop()
+    d.send({"cmd": "generate", "prompts": [ps[1]], "params": [params[1]],
+            "max_tokens": sc.max_tokens, "tag": "e"})  # fmt: skip
+    if not wait_until(lambda: d_count("read") > reads, step_s):
+        raise EngineTimeout(f"D posted no READ of request 2 in {step_s:.0f} s")
+    polls = d_count("get_transfer_results")
+    if not wait_until(lambda: d_count("get_transfer_results") >= polls + _IN_FLIGHT_STEPS,
+                      step_s):  # fmt: skip
+        raise EngineTimeout(f"D did not step {_IN_FLIGHT_STEPS} times in {step_s:.0f} s")
+    p.kill()
+    got = d.ask(None, step_s)
+    ref = d.ask({"cmd": "generate", "prompts": [ps[0]], "max_tokens": sc.max_tokens,
+                 "tag": "local"}, step_s)  # fmt: skip
+    res.checks.append(Check("request 1 decodes as a local run",
+                            first["outputs"][0]["tokens"] == ref["outputs"][0]["tokens"],
+                            f"P/D {first['outputs'][0]['tokens']}"))  # fmt: skip
+    finish = got["outputs"][0].get("finish")
+    res.checks.append(Check("D failed request 2, whose producer crashed during its READ "
+                            "(fail policy)", finish == "error", f"finish reason {finish}"))

@@ -105,6 +105,11 @@ class EngineProc:
             pass
         self.proc.wait()
 
+    def stop(self) -> None:
+        """SIGSTOP the engine's process group: a producer that hangs (its NIXL agent makes
+        no progress, so a READ of it stays in flight) until `kill` crashes it."""
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
     def close(self) -> None:
         """Ask the engine to exit, kill its process group after grace_s, and append the
         exchange timings to its log. Idempotent."""

