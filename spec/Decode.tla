@@ -43,6 +43,10 @@ CONSTANTS
     SplitCallbacks, \* a failed handshake's future runs its entries' callbacks one by one
                   \* while D steps (recorded: two steps apart); FALSE: all at once, as
                   \* the decode driver settles them
+    ProducerHangs,\* the producer engine may hang alive (its NIXL agent makes no
+                  \* progress): a READ of it need never end. Measured: a READ of a
+                  \* SIGSTOPped agent stayed in flight 90 s, and once the agent was killed
+                  \* it failed (pd-p-crash-mid-read); no D-side deadline ends it in 0.32
     Bug           \* "none" (0.32 as shipped) or a bug of the history re-introduced
 
 Bugs == {"none", "abort-frees-at-once", "full-hit-registered", "failure-only-logged",
@@ -55,7 +59,7 @@ ASSUME
     /\ Bug \in Bugs
     /\ AsyncScheduling \in BOOLEAN
     /\ Handshake \in BOOLEAN /\ InStepEnd \in BOOLEAN /\ HandshakeFail \in BOOLEAN
-    /\ SplitCallbacks \in BOOLEAN
+    /\ SplitCallbacks \in BOOLEAN /\ ProducerHangs \in BOOLEAN
 
 DRanks == 0 .. (DTP - 1)
 PRanks == 0 .. (PTP - 1)
@@ -506,13 +510,14 @@ Next ==
     \/ \E p \in PRanks, r \in Reqs : deliver(p, r) \/ lease_expire(p, r)
     \/ (Done \/ crashed) /\ UNCHANGED vars  \* the end, or a dead EngineCore: no deadlock
 
-(* EngineCore steps while it has requests; READs end (UCX progress);       *)
+(* EngineCore steps while it has requests; READs end (UCX progress) unless *)
+(* the producer may hang (ProducerHangs: the fairness is vacuous then);     *)
 (* notifications arrive; leases are finite; the child's stores complete.   *)
 (* Each (w, r, p) instance fires finitely often, so fairness of the        *)
 (* disjunction gives it to each.  No fairness on abort or complete.        *)
 Spec == Init /\ [][Next]_vars
         /\ WF_vars(schedule) /\ WF_vars(execute) /\ WF_vars(update)
-        /\ WF_vars(ReadEnd)
+        /\ WF_vars(~ProducerHangs /\ ReadEnd)
         /\ WF_vars(\E w \in DRanks : handshake_done(w))
         /\ WF_vars(\E w \in DRanks : \E e \in cbq[w] : handshake_callback(w, e))
         /\ WF_vars(\E p \in PRanks, r \in Reqs : deliver(p, r))

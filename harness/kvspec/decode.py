@@ -62,6 +62,7 @@ DECODE = Sweep(
         Const("Handshake", "handshake", "bool"),
         Const("HandshakeFail", "handshake_fail", "bool"),
         Const("SplitCallbacks", "split_callbacks", "bool"),
+        Const("ProducerHangs", "producer_hangs", "bool"),
         Const("InStepEnd", "in_step_end", "bool"),
         Const("Bug", "bug", "str", BUGS),
     ),

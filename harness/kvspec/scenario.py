@@ -30,6 +30,7 @@ from kvspec.scenario_flows import (
     _one_pair,
     _restart,
     _xpyd,
+    failed_read_s,
     free_port,
     frees_of,
     prompts,
@@ -142,6 +143,11 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
         res.checks.append(Check(f"{eid} free blocks back to baseline", base is not None
                                 and base == last, f"baseline {base}, end {last}, "
                                 f"{len(freed)} requests freed"))  # fmt: skip
+    if sc.p_crash_mid_read:  # the READ P hung under, read off the recording
+        s = failed_read_s(events)
+        res.checks.append(Check(f"D's READ of request 2 stayed in flight while P hung (at "
+                                f"least {sc.hang_s:g} s), then failed", s is not None
+                                and s >= sc.hang_s, f"posted to failed: {s} s"))  # fmt: skip
     t = time.monotonic()
     res.events = len(events)
     undecided = False

@@ -92,6 +92,9 @@ class Scenario:
     # in flight while P makes no progress, and P is killed (SIGKILL) during that READ: D's
     # poll of it raises NIXL_ERR_REMOTE_DISCONNECT (nixl/base_worker.py _pop_done_transfers)
     p_crash_mid_read: bool = False
+    # ... and P stays hung this many seconds more before the kill (0: only D's polls):
+    # 0.32's D has no deadline for a READ in flight (spec/README.md, ProducerHangs)
+    hang_s: float = 0.0
 
     @property
     def p_crashes(self) -> bool:
@@ -214,6 +217,10 @@ SCENARIOS = {
                  "of request 2 stays in flight, P is killed during it, and D's poll of the "
                  "READ fails (NIXL_ERR_REMOTE_DISCONNECT): D fails request 2 (fail policy)",
                  p_crash_mid_read=True, lease=120),
+        Scenario("pd-p-hang", "pd-p-crash-mid-read with P hung 60 s before the kill: D keeps "
+                 "polling the READ and request 2 stays WAITING_FOR_REMOTE_KVS (no D-side "
+                 "deadline in 0.32)", p_crash_mid_read=True, hang_s=60, lease=120,
+                 default=False),
         Scenario("lease-expiry", "P only, nobody reads: blocks freed when the 6 s lease expires",
                  requests=1, consumer=False, lease=6),
         # GPU runners (vLLM refuses offloading and PCP on CPU). Not run here yet: no GPU

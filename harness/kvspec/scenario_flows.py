@@ -64,6 +64,16 @@ def frees_of(events: list[Event], engine: str) -> tuple[int | None, int | None, 
     return base, last, {r for e in frees for r in e.reqs}
 
 
+def failed_read_s(events: list[Event]) -> float | None:
+    """Seconds from a decode engine posting a READ to its worker reporting that receive
+    failed (the first such READ), None if no posted READ failed."""
+    posted = {e.reqs[0]: e.t_ns for e in events if e.call == "read" and e.reqs
+              and e.result.get("posted") is not False}  # fmt: skip
+    fails = [e.t_ns - posted[r] for e in events if e.call == "get_transfer_results"
+             for r in sorted(e.ids("failed_recving")) if r in posted]  # fmt: skip
+    return min(fails) / 1e9 if fails else None
+
+
 def wait_until(pred: Callable[[], bool], timeout_s: float, *,
                clock: Callable[[], float] = time.monotonic,
                sleep: Callable[[float], None] = time.sleep) -> bool:  # fmt: skip
@@ -221,14 +231,15 @@ _IN_FLIGHT_STEPS = 3
 
 def _crash_mid_read(sc: Scenario, engines: list[EngineProc], ps: list[list[int]],
                     res: ScenarioResult, step_s: float, p_frees: Callable[[], int],
-                    d_count: Callable[[str], int]) -> None:  # fmt: skip
+                    d_count: Callable[[str], int],
+                    sleep: Callable[[float], None] = time.sleep) -> None:  # fmt: skip
     """A producer crash during a READ: P prefills requests 1 and 2, D decodes request 1
     (its handshake with P done) and P frees it; P then hangs (SIGSTOP: its NIXL agent makes
     no progress, so a READ of it cannot complete), D gets request 2 and posts its READ,
-    which stays in flight for `_IN_FLIGHT_STEPS` of D's steps; then P is killed (SIGKILL)
-    and D's next poll of the READ fails. `d_count(call)`: D's worker events of that call
-    so far. On CPU a READ of two blocks ends in milliseconds: only a hung P holds it open
-    long enough to crash P during it."""
+    which stays in flight for `_IN_FLIGHT_STEPS` of D's steps and `sc.hang_s` seconds more;
+    then P is killed (SIGKILL) and D's next poll of the READ fails. `d_count(call)`: D's
+    worker events of that call so far. On CPU a READ of two blocks ends in milliseconds:
+    only a hung P holds it open long enough to crash P during it."""
     p, d = engines
     pre = p.ask({"cmd": "generate", "prompts": ps, "max_tokens": 1, "remote_decode": True,
                  "tag": "p"}, step_s)  # fmt: skip
@@ -247,6 +258,7 @@ def _crash_mid_read(sc: Scenario, engines: list[EngineProc], ps: list[list[int]]
     if not wait_until(lambda: d_count("get_transfer_results") >= polls + _IN_FLIGHT_STEPS,
                       step_s):  # fmt: skip
         raise EngineTimeout(f"D did not step {_IN_FLIGHT_STEPS} times in {step_s:.0f} s")
+    sleep(sc.hang_s)  # P hangs on (pd-p-hang): what D does meanwhile is in the recording
     p.kill()
     got = d.ask(None, step_s)
     ref = d.ask({"cmd": "generate", "prompts": [ps[0]], "max_tokens": sc.max_tokens,

@@ -64,6 +64,8 @@ def constants(m: DecodeMapped, bug: str) -> dict[str, str]:
         # ... and a failed handshake fails its entries one callback at a time while D
         # steps (recorded: pd-tp2-mqa, two steps apart)
         "SplitCallbacks": "TRUE",
+        # read only by Spec's fairness, which a trace's check does not use
+        "ProducerHangs": "FALSE",
         # D's pool in requests (decode_mapping.d_capacity); unknown: every request fits
         "TraceCap": str(m.capacity or max(1, len(m.requests))),
     }  # fmt: skip

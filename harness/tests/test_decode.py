@@ -36,6 +36,11 @@ def test_every_bug_is_a_known_bad_row_and_shipped_rows_hold() -> None:
         "multi-nixl-lmcache",
         "multi-nixl-example",
     }
+    # a producer that may hang alive stalls D's waiting request in 0.32 (no D-side
+    # deadline); where READs end (every other shipped row) it leaves
+    hangs = [r for r in shipped if r.consts["ProducerHangs"]]
+    assert hangs and all(r.expect["WaitingLeaves"] == "violated" for r in hangs)
+    assert all(r.expect["WaitingLeaves"] == "holds" for r in shipped if r not in hangs)
 
 
 @pytest.mark.parametrize(

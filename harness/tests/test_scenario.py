@@ -252,14 +252,16 @@ def test_a_crash_mid_read_posts_ds_read_while_p_hangs_and_kills_p_during_it(
         counts[call] += stopped
         return counts[call]
 
-    res = ScenarioResult("pd-p-crash-mid-read", "", 0.0)
+    res = ScenarioResult("pd-p-hang", "", 0.0)
+    slept: list[float] = []
     try:
-        _crash_mid_read(SCENARIOS["pd-p-crash-mid-read"], [p, d], [[10], [11]], res, 60,
-                        lambda: 1, d_count)  # fmt: skip
+        _crash_mid_read(SCENARIOS["pd-p-hang"], [p, d], [[10], [11]], res, 60, lambda: 1,
+                        d_count, slept.append)  # fmt: skip
     finally:
         p.close()
         d.close()
     assert p.proc.returncode == -9  # killed, while stopped
+    assert slept == [60]  # P hung that long more (pd-p-hang), by an injected sleep
     assert seen[0] == ("read", False)  # the READs before P's stop: the baseline
     assert all(stopped for _, stopped in seen[1:])
     assert counts == {"read": 1, "get_transfer_results": 1 + _IN_FLIGHT_STEPS}
@@ -281,3 +283,15 @@ def test_a_crash_mid_read_whose_d_posts_no_read_is_a_timeout(tmp_path: Path) -> 
         p.close()  # SIGKILLs the stopped P's group
         d.close()
     assert p.proc.returncode == -9 and res.checks == []
+
+
+def test_the_in_flight_time_of_a_failed_read_is_read_off_the_recording() -> None:
+    from kvspec.record.log import read_dir
+    from kvspec.scenario_flows import failed_read_s
+
+    recorded = Path(__file__).resolve().parents[2] / "conformance" / "recorded"
+    s = failed_read_s(read_dir(recorded / "pd-p-crash-mid-read"))
+    assert s is not None and 20 < s < 21  # posted, P killed 1.2 s later, failed 19.4 s after
+    # negative controls: a READ that never failed, and one that failed to post (no flight)
+    assert failed_read_s(read_dir(recorded / "pd-basic")) is None
+    assert failed_read_s(read_dir(recorded / "pd-p-restart")) is None
