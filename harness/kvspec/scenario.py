@@ -50,6 +50,11 @@ def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
            "VLLM_LOGGING_STREAM": "ext://sys.stderr",
            # one compute thread per engine, unbound: two engines share the machine
            "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # fmt: skip
+    if sc.p_crash_mid_read:
+        # UCX over TCP, as between hosts without RDMA: a READ then needs P's progress, so
+        # it stays in flight while P hangs. With UCX's shared-memory transports D may read
+        # a stopped P's memory by itself (measured: one pd-p-hang READ ended in 20 ms)
+        env["UCX_TLS"] = "tcp"
     args = cmd or [sys.executable, "-m", "kvspec.scenario_engine"]
 
     args = [*args, "--model", str(model), "--engine-id", eid, "--connector", sc.connector,

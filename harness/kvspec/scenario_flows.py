@@ -255,9 +255,13 @@ def _crash_mid_read(sc: Scenario, engines: list[EngineProc], ps: list[list[int]]
     if not wait_until(lambda: d_count("read") > reads, step_s):
         raise EngineTimeout(f"D posted no READ of request 2 in {step_s:.0f} s")
     polls = d_count("get_transfer_results")
-    if not wait_until(lambda: d_count("get_transfer_results") >= polls + _IN_FLIGHT_STEPS,
+    if not wait_until(lambda: d.answered()
+                      or d_count("get_transfer_results") >= polls + _IN_FLIGHT_STEPS,
                       step_s):  # fmt: skip
         raise EngineTimeout(f"D did not step {_IN_FLIGHT_STEPS} times in {step_s:.0f} s")
+    if d.answered():  # no READ in flight to crash P during: no verdict, run it again
+        raise EngineTimeout("D's READ of request 2 ended while P was stopped (the transport "
+                            "read P's memory without P's progress)")
     sleep(sc.hang_s)  # P hangs on (pd-p-hang): what D does meanwhile is in the recording
     p.kill()
     got = d.ask(None, step_s)

@@ -96,6 +96,10 @@ class EngineProc:
                 self.timings.append((time.monotonic(), "answer", ",".join(sorted(obj))))
                 return obj
 
+    def answered(self) -> bool:
+        """A line is waiting to be read (the engine answered, or exited): no wait."""
+        return not self._lines.empty()
+
     def kill(self) -> None:
         """SIGKILL the engine's process group, vLLM's children included: a crash, as a
         scenario stages one (`close` later writes the timings)."""

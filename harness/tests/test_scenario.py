@@ -235,12 +235,29 @@ def _stopped(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
 
+# A decode engine whose READ of request 2 (tag "e") ends only once P is dead: it answers
+# that request when process P_PID is gone (killed and reaped), and others at once.
+AWAITS_P = [sys.executable, "-c", (
+    "import json, os, time\n"
+    "while True:\n"
+    "    cmd = json.loads(input())\n"
+    "    while cmd['tag'] == 'e' and os.path.exists(f\"/proc/{os.environ['P_PID']}\"):\n"
+    "        time.sleep(0.01)\n"
+    "    print(json.dumps({'outputs': [{'tokens': p, 'tag': cmd['tag']}"
+    " for p in cmd['prompts']]}), flush=True)\n"
+)]  # fmt: skip
+
+
 def test_a_crash_mid_read_posts_ds_read_while_p_hangs_and_kills_p_during_it(
     tmp_path: Path,
 ) -> None:
+    import os
+
     from kvspec.scenario_flows import _IN_FLIGHT_STEPS, ScenarioResult, _crash_mid_read
 
-    p, d = (EngineProc(SHARES, {}, tmp_path / f"{n}.log", grace_s=0.1) for n in "pd")
+    p = EngineProc(SHARES, {}, tmp_path / "p.log", grace_s=0.1)
+    d = EngineProc(AWAITS_P, {**os.environ, "P_PID": str(p.proc.pid)}, tmp_path / "d.log",
+                   grace_s=0.1)  # fmt: skip
     seen: list[tuple[str, bool]] = []  # (call asked about, P stopped then)
     counts = {"read": 0, "get_transfer_results": 0}
 
@@ -267,6 +284,25 @@ def test_a_crash_mid_read_posts_ds_read_while_p_hangs_and_kills_p_during_it(
     assert counts == {"read": 1, "get_transfer_results": 1 + _IN_FLIGHT_STEPS}
     # the fakes echo prompts: request 1 "decodes" alike; request 2 has no finish reason
     assert [c.ok for c in res.checks] == [True, False]
+
+
+def test_a_read_that_ends_while_p_is_stopped_is_no_crash_mid_read(tmp_path: Path) -> None:
+    """D answers request 2 at once (its READ ended while P was stopped: UCX read P's memory
+    by itself): nothing to crash P during, no verdict, told at once instead of at the
+    in-flight wait's deadline."""
+    from kvspec.scenario_flows import ScenarioResult, _crash_mid_read
+
+    p, d = (EngineProc(SHARES, {}, tmp_path / f"{n}.log", grace_s=0.1) for n in "pd")
+    reads = iter(range(100))
+    res = ScenarioResult("pd-p-crash-mid-read", "", 0.0)
+    try:
+        with pytest.raises(EngineTimeout, match="ended while P was stopped"):
+            _crash_mid_read(SCENARIOS["pd-p-crash-mid-read"], [p, d], [[10], [11]], res, 60,
+                            lambda: 1, lambda call: next(reads) if call == "read" else 0)  # fmt: skip
+    finally:
+        p.close()
+        d.close()
+    assert res.checks == []
 
 
 def test_a_crash_mid_read_whose_d_posts_no_read_is_a_timeout(tmp_path: Path) -> None:
