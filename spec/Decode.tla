@@ -44,9 +44,10 @@ CONSTANTS
                   \* while D steps (recorded: two steps apart); FALSE: all at once, as
                   \* the decode driver settles them
     ProducerHangs,\* the producer engine may hang alive (its NIXL agent makes no
-                  \* progress): a READ of it need never end. Measured: a READ of a
-                  \* SIGSTOPped agent stayed in flight 90 s, and once the agent was killed
-                  \* it failed (pd-p-crash-mid-read); no D-side deadline ends it in 0.32
+                  \* progress) on a transport that needs it (UCX over TCP): a READ of
+                  \* it need never end. Measured: a READ of a SIGSTOPped agent stayed in
+                  \* flight 90 s, and once the agent was killed it failed
+                  \* (pd-p-crash-mid-read); no D-side deadline ends it in 0.32
     Bug           \* "none" (0.32 as shipped) or a bug of the history re-introduced
 
 Bugs == {"none", "abort-frees-at-once", "full-hit-registered", "failure-only-logged",

@@ -93,3 +93,19 @@ def test_the_decode_side_is_0_32s_design_and_not_35943s(tmp_path: Path) -> None:
     v = check_bug(dm, "failure-only-logged", tmp_path / "bug")
     _decided(v.verdict, v.detail)
     assert (v.verdict, v.explained) == ("rejected", at)
+
+
+def test_a_producer_hung_60_s_held_ds_read_in_flight_with_no_deadline_on_d() -> None:
+    """pd-p-hang (real engines, UCX over TCP): P stopped 60 s under D's READ. D polled the
+    READ all that time and kept heartbeating P; the READ failed only once P was killed.
+    Decode.tla's ProducerHangs rows are this run without the kill."""
+    from kvspec.scenario_flows import failed_read_s
+
+    hang = Path(__file__).resolve().parents[2] / "conformance" / "recorded" / "pd-p-hang"
+    events = read_dir(hang)
+    s = failed_read_s(events)
+    assert s is not None and s > 60
+    cm = map_clock(events)  # the READ stays in flight at P's end, heartbeats go on
+    assert [e.a for e in cm.log if e.r == 2 and e.a in ("read", "recv", "abandon")] == ["read"]
+    read_t = next(e.t for e in cm.log if e.a == "read" and e.r == 2)
+    assert sum(1 for e in cm.log if e.a == "hb" and e.t > read_t) >= 2
