@@ -294,11 +294,15 @@ def test_a_read_that_ends_while_p_is_stopped_is_no_crash_mid_read(tmp_path: Path
 
     p, d = (EngineProc(SHARES, {}, tmp_path / f"{n}.log", grace_s=0.1) for n in "pd")
     reads = iter(range(100))
+
+    def d_count(call: str) -> int:  # one more READ each look; D never steps
+        return next(reads) if call == "read" else 0
+
     res = ScenarioResult("pd-p-crash-mid-read", "", 0.0)
     try:
         with pytest.raises(EngineTimeout, match="ended while P was stopped"):
             _crash_mid_read(SCENARIOS["pd-p-crash-mid-read"], [p, d], [[10], [11]], res, 60,
-                            lambda: 1, lambda call: next(reads) if call == "read" else 0)  # fmt: skip
+                            lambda: 1, d_count)  # fmt: skip
     finally:
         p.close()
         d.close()
