@@ -89,8 +89,9 @@ class Scenario:
     # address); D then gets request 2 (from the dead P) and request 3 (from P2)
     p_restart: bool = False
     # P hangs (SIGSTOP) after D read request 1, D posts its READ of request 2, which stays
-    # in flight while P makes no progress, and P is killed (SIGKILL) during that READ: D's
-    # poll of it raises NIXL_ERR_REMOTE_DISCONNECT (nixl/base_worker.py _pop_done_transfers)
+    # in flight while P makes no progress (UCX over TCP), and P is killed (SIGKILL) during
+    # that READ: D's poll of it raises NIXL_ERR_REMOTE_DISCONNECT (nixl/base_worker.py
+    # _pop_done_transfers)
     p_crash_mid_read: bool = False
     # ... and P stays hung this many seconds more before the kill (0: only D's polls):
     # 0.32's D has no deadline for a READ in flight (spec/README.md, ProducerHangs)

@@ -235,7 +235,8 @@ def _crash_mid_read(sc: Scenario, engines: list[EngineProc], ps: list[list[int]]
                     sleep: Callable[[float], None] = time.sleep) -> None:  # fmt: skip
     """A producer crash during a READ: P prefills requests 1 and 2, D decodes request 1
     (its handshake with P done) and P frees it; P then hangs (SIGSTOP: its NIXL agent makes
-    no progress, so a READ of it cannot complete), D gets request 2 and posts its READ,
+    no progress, so over UCX's TCP transport a READ of it cannot complete: the scenario's
+    engines run UCX_TLS=tcp), D gets request 2 and posts its READ,
     which stays in flight for `_IN_FLIGHT_STEPS` of D's steps and `sc.hang_s` seconds more;
     then P is killed (SIGKILL) and D's next poll of the READ fails. `d_count(call)`: D's
     worker events of that call so far. On CPU a READ of two blocks ends in milliseconds:
