@@ -187,6 +187,21 @@ def _hand_on(p: EngineProc, d: EngineProc, ask_p: dict[str, Any], ps: list[list[
     return line, [handed[n] for n in sorted(handed)]
 
 
+def _read_request_1(sc: Scenario, p: EngineProc, d: EngineProc, ps: list[list[int]],
+                    step_s: float, p_frees: Callable[[], int],
+                    ) -> tuple[list[Any], dict[str, Any]]:  # fmt: skip
+    """The crash flows' start: P prefills requests 1 and 2, D decodes request 1 and P frees
+    it on D's notification. Returns (P's kv_transfer_params of both, D's answer)."""
+    pre = p.ask({"cmd": "generate", "prompts": ps[:2], "max_tokens": 1, "remote_decode": True,
+                 "tag": "p"}, step_s)  # fmt: skip
+    params = [o["params"] for o in pre["outputs"]]
+    first = d.ask({"cmd": "generate", "prompts": [ps[0]], "params": [params[0]],
+                   "max_tokens": sc.max_tokens, "tag": "d"}, step_s)  # fmt: skip
+    if not wait_until(lambda: p_frees() >= 1, step_s):
+        raise EngineTimeout(f"P did not free request 1 in {step_s:.0f} s")
+    return params, first
+
+
 def _restart(sc: Scenario, engines: list[EngineProc], ps: list[list[int]],
              res: ScenarioResult, step_s: float, start_s: float,
              p2: Callable[[], EngineProc], p_frees: Callable[[], int]) -> None:  # fmt: skip
@@ -196,13 +211,7 @@ def _restart(sc: Scenario, engines: list[EngineProc], ps: list[list[int]],
     request 2 (its params name the dead P, whose agent D still holds) and request 3
     together. `engines`: [P, D], P2 appended once started (the caller closes them)."""
     p, d = engines
-    pre = p.ask({"cmd": "generate", "prompts": ps[:2], "max_tokens": 1, "remote_decode": True,
-                 "tag": "p"}, step_s)  # fmt: skip
-    params = [o["params"] for o in pre["outputs"]]
-    first = d.ask({"cmd": "generate", "prompts": [ps[0]], "params": [params[0]],
-                   "max_tokens": sc.max_tokens, "tag": "d"}, step_s)  # fmt: skip
-    if not wait_until(lambda: p_frees() >= 1, step_s):
-        raise EngineTimeout(f"P did not free request 1 in {step_s:.0f} s")
+    params, first = _read_request_1(sc, p, d, ps, step_s, p_frees)
     p.kill()
     new = p2()
     engines.append(new)
@@ -242,13 +251,7 @@ def _crash_mid_read(sc: Scenario, engines: list[EngineProc], ps: list[list[int]]
     worker events of that call so far. On CPU a READ of two blocks ends in milliseconds:
     only a hung P holds it open long enough to crash P during it."""
     p, d = engines
-    pre = p.ask({"cmd": "generate", "prompts": ps, "max_tokens": 1, "remote_decode": True,
-                 "tag": "p"}, step_s)  # fmt: skip
-    params = [o["params"] for o in pre["outputs"]]
-    first = d.ask({"cmd": "generate", "prompts": [ps[0]], "params": [params[0]],
-                   "max_tokens": sc.max_tokens, "tag": "d"}, step_s)  # fmt: skip
-    if not wait_until(lambda: p_frees() >= 1, step_s):
-        raise EngineTimeout(f"P did not free request 1 in {step_s:.0f} s")
+    params, first = _read_request_1(sc, p, d, ps, step_s, p_frees)
     reads = d_count("read")
     p.stop()
     d.send({"cmd": "generate", "prompts": [ps[1]], "params": [params[1]],
