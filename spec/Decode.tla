@@ -48,6 +48,9 @@ CONSTANTS
                   \* it need never end. Measured: a READ of a SIGSTOPped agent stayed in
                   \* flight 90 s, and once the agent was killed it failed
                   \* (pd-p-crash-mid-read); no D-side deadline ends it in 0.32
+    ReadDeadline, \* a proposal, not in 0.32: a D-side deadline on WAITING_FOR_REMOTE_KVS
+                  \* finishes the request as an abort does (its blocks kept while a
+                  \* READ is outstanding); modelled as a weakly fair abort there
     Bug           \* "none" (0.32 as shipped) or a bug of the history re-introduced
 
 Bugs == {"none", "abort-frees-at-once", "full-hit-registered", "failure-only-logged",
@@ -60,7 +63,7 @@ ASSUME
     /\ Bug \in Bugs
     /\ AsyncScheduling \in BOOLEAN
     /\ Handshake \in BOOLEAN /\ InStepEnd \in BOOLEAN /\ HandshakeFail \in BOOLEAN
-    /\ SplitCallbacks \in BOOLEAN /\ ProducerHangs \in BOOLEAN
+    /\ SplitCallbacks \in BOOLEAN /\ ProducerHangs \in BOOLEAN /\ ReadDeadline \in BOOLEAN
 
 DRanks == 0 .. (DTP - 1)
 PRanks == 0 .. (PTP - 1)
@@ -519,6 +522,7 @@ Next ==
 Spec == Init /\ [][Next]_vars
         /\ WF_vars(schedule) /\ WF_vars(execute) /\ WF_vars(update)
         /\ WF_vars(~ProducerHangs /\ ReadEnd)
+        /\ WF_vars(ReadDeadline /\ \E r \in Reqs : st[r] = "wfrk" /\ abort(r))
         /\ WF_vars(\E w \in DRanks : handshake_done(w))
         /\ WF_vars(\E w \in DRanks : \E e \in cbq[w] : handshake_callback(w, e))
         /\ WF_vars(\E p \in PRanks, r \in Reqs : deliver(p, r))

@@ -63,6 +63,7 @@ DECODE = Sweep(
         Const("HandshakeFail", "handshake_fail", "bool"),
         Const("SplitCallbacks", "split_callbacks", "bool"),
         Const("ProducerHangs", "producer_hangs", "bool"),
+        Const("ReadDeadline", "read_deadline", "bool"),
         Const("InStepEnd", "in_step_end", "bool"),
         Const("Bug", "bug", "str", BUGS),
     ),

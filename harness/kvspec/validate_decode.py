@@ -65,7 +65,7 @@ def constants(m: DecodeMapped, bug: str) -> dict[str, str]:
         # steps (recorded: pd-tp2-mqa, two steps apart)
         "SplitCallbacks": "TRUE",
         # read only by Spec's fairness, which a trace's check does not use
-        "ProducerHangs": "FALSE",
+        "ProducerHangs": "FALSE", "ReadDeadline": "FALSE",
         # D's pool in requests (decode_mapping.d_capacity); unknown: every request fits
         "TraceCap": str(m.capacity or max(1, len(m.requests))),
     }  # fmt: skip

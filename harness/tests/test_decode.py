@@ -37,10 +37,15 @@ def test_every_bug_is_a_known_bad_row_and_shipped_rows_hold() -> None:
         "multi-nixl-example",
     }
     # a producer that may hang alive stalls D's waiting request in 0.32 (no D-side
-    # deadline); where READs end (every other shipped row) it leaves
+    # deadline); where READs end (every other shipped row) it leaves. The proposed
+    # deadline lets it leave, and cannot release its blocks under the READ.
     hangs = [r for r in shipped if r.consts["ProducerHangs"]]
-    assert hangs and all(r.expect["WaitingLeaves"] == "violated" for r in hangs)
-    assert all(r.expect["WaitingLeaves"] == "holds" for r in shipped if r not in hangs)
+    stalls = [r for r in hangs if not r.consts["ReadDeadline"]]
+    assert stalls and all(r.expect["WaitingLeaves"] == "violated" for r in stalls)
+    assert all(r.expect["WaitingLeaves"] == "holds" for r in shipped if r not in stalls)
+    deadline = [r for r in hangs if r.consts["ReadDeadline"]]
+    assert deadline and all(r.expect["HeldReleased"] == "violated" for r in deadline)
+    assert all(not r.consts["ReadDeadline"] for r in ROWS.values() if r not in deadline)
 
 
 @pytest.mark.parametrize(
