@@ -189,3 +189,29 @@ def test_negative_control_failing_every_entry_at_once_rejects_the_refused_run(
     first = next(n for n, e in enumerate(m.log) if e.a == "execute" and any(e.fail))
     assert [len(f) for f in m.log[first].fail] == [1]  # request 1 alone
     assert (v.verdict, v.explained) == ("rejected", first)
+
+
+def test_a_split_handshake_at_d_tp2_frees_ds_blocks_after_rank_0s_reads_and_ps_at_the_lease(
+) -> None:
+    """d-tp2-split-handshake (make e2e under load): D rank 1's handshake timed out, rank 0's
+    did not. What its expect.json says, read off the recording (no TLC): D finished both
+    requests on rank 1's failure, rank 0 still READ them, D freed the blocks only after
+    rank 0's report; P, one notification of two short, freed at its 120 s lease; the
+    clock refuses the run (a READ failing while P lives)."""
+    events = sorted(read_dir(RECORDED / "d-tp2-split-handshake"), key=lambda e: e.t_ns)
+
+    def t(pred: Any) -> list[int]:
+        return [e.t_ns for e in events if pred(e)]
+
+    failed = t(lambda e: e.engine == "D" and e.rank == 1 and e.ids("failed_recving"))
+    reads = t(lambda e: e.engine == "D" and e.call == "read" and e.result.get("posted"))
+    done0 = t(lambda e: e.engine == "D" and e.rank == 0 and e.call == "get_transfer_results"
+              and e.ids("finished_recving"))  # fmt: skip
+    d_frees = t(lambda e: e.engine == "D" and e.call == "free_blocks" and e.reqs[0][0] == "d")
+    assert len(failed) == 1 and len(reads) == 2 and len(d_frees) == 2
+    assert failed[0] < min(reads) <= max(reads) < done0[0] < min(d_frees)  # no free under a READ
+    finished = t(lambda e: e.engine == "P" and e.call == "request_finished")
+    p_frees = t(lambda e: e.engine == "P" and e.call == "free_blocks")
+    assert [round((f - s) / 1e9) for s, f in zip(finished, p_frees, strict=True)] == [120, 120]
+    with pytest.raises(MappingError, match="KVClock has no failed READ"):
+        map_clock(events)
