@@ -54,15 +54,25 @@ CONSTANTS
     HsMax,     \* longest proactive handshake, in ticks (heartbeats meanwhile are not sent)
     NotifFirst,\* a READ's notification may reach P before the READ lands (nixl#252)
     Abandon,   \* D may give up on a queued request for good (no READ, no heartbeat)
-    ShipLate   \* P may step late: time passes while a stamped deadline is not yet in a
+    ShipLate,  \* P may step late: time passes while a stamped deadline is not yet in a
                \* built step (its TTL counts down, as vLLM's counts from the stamp) or
                \* not yet installed (it does not: the worker rebases what was built)
+    DFinish,   \* D's scheduler may finish a request before its receive is processed (a
+               \* client abort; a load error under kv_load_failure_policy "fail", as
+               \* another D rank's failed handshake): request_finished stops its
+               \* heartbeats (pull_scheduler.py:215-217); READs already scheduled are
+               \* still posted, and run (d-tp2-split-handshake)
+    ReadFails  \* a posted READ may fail on the transport while P lives: it never lands and
+               \* P never gets its notification (NIXL sends a READ's notif_msg with the
+               \* transfer, pull_worker.py:546-553); D's poll reports it failed
+               \* (_pop_done_transfers, base_worker.py:3064-3114)
 
 ASSUME /\ Transfer = "pull"
        /\ Lease \in Nat \ {0} /\ HbEvery \in Nat \ {0} /\ Extend \in Nat
        /\ AMax \in Nat /\ QMax \in Nat /\ RMax \in Nat \ {0} /\ NMax \in Nat /\ MaxLost \in Nat
        /\ DStall \in Nat /\ Swallow \in BOOLEAN /\ HsMax \in Nat /\ NotifFirst \in BOOLEAN
-       /\ Abandon \in BOOLEAN /\ ShipLate \in BOOLEAN
+       /\ Abandon \in BOOLEAN /\ ShipLate \in BOOLEAN /\ DFinish \in BOOLEAN
+       /\ ReadFails \in BOOLEAN
 
 VARIABLES
     req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif, replQ,
@@ -83,13 +93,16 @@ VARIABLES
             \* heartbeat, which it swallowed; so is every heartbeat until it is done), "done"
     hsAge,  \* ticks the handshake has been pending
     lost,   \* heartbeat messages lost so far
-    hbq     \* requests named by heartbeats that reached rank w's agent and wait for
+    hbq,    \* requests named by heartbeats that reached rank w's agent and wait for
             \* its next step (NIXL queues them until _get_new_notifs reads them)
+    failed  \* <<r, w>>: the READ of r from w failed (ReadFails): it never lands, and P
+            \* never gets its notification
 
 kvvars == <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif, replQ,
             extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits, lateFinish,
             clobbered, published>>
-cvars == <<ttl, qage, age, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq>>
+cvars == <<ttl, qage, age, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq,
+          failed>>
 vars == <<kvvars, cvars>>
 
 K == INSTANCE KVCompletion WITH NReq <- Cardinality(Reqs), Timing <- "untimed"
@@ -108,6 +121,14 @@ AllLanded(r) == \A w \in Sources : <<r, w>> \in land
 \* posted (and P still serves it).
 Queued == {r \in sent \ gone : req[r] = "sending" /\ \E w \in Sources : rd[r][w] = "none"}
 Posted(r, w) == rd[r][w] # "none"
+\* The READ of r from w ended: it landed, or it failed.
+Ended(r, w) == <<r, w>> \in land \/ <<r, w>> \in failed
+\* D's worker reports r's receive failed: D posted a READ of r and every one it posted
+\* ended, and one of them failed, or D had finished r (DFinish: the failure was another
+\* D rank's, which this model of one decode worker does not see, d-tp2-split-handshake).
+FailReported(r) == /\ \E w \in Sources : Posted(r, w)
+                   /\ \A w \in Sources : Posted(r, w) => Ended(r, w)
+                   /\ (\E w \in Sources : <<r, w>> \in failed) \/ r \in gone
 
 Init ==
     /\ K!Init
@@ -120,6 +141,7 @@ Init ==
     /\ hsAge = 0
     /\ lost = 0
     /\ hbq = [w \in Ranks |-> {}]
+    /\ failed = {}
 
 -----------------------------------------------------------------------------
 (* KVCompletion's producer steps.  A request that becomes "sending" gets its *)
@@ -132,7 +154,7 @@ StampExt(E) ==
                  ELSE IF r \in E[w] THEN Max(ttl[w][r], Extend)
                  ELSE ttl[w][r]]]
     /\ sent' = sent \cup {r \in Reqs : req'[r] = "sending"}
-    /\ UNCHANGED <<qage, age, land, atD, seen, gone, hbAge, hs, hsAge, lost>>
+    /\ UNCHANGED <<qage, age, land, atD, seen, gone, hbAge, hs, hsAge, lost, failed>>
 
 \* (a waiting heartbeat naming a request P freed can change nothing: dropped)
 Stamp == StampExt(K!NoReports) /\ hbq' = [w \in Ranks |-> {r \in hbq[w] : req'[r] = "sending"}]
@@ -158,7 +180,7 @@ consumer_add_request(r) ==
     /\ r \in sent \ atD
     /\ atD' = atD \cup {r}
     /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, seen, gone, hbAge, hs, hsAge, lost,
-                   hbq>>
+                   hbq, failed>>
 
 (* D's scheduler processes r's finished_recving (update_connector_output)  *)
 (* and stops heartbeating it.                                               *)
@@ -166,34 +188,73 @@ consumer_update(r) ==
     /\ r \in atD \ seen /\ AllLanded(r)
     /\ seen' = seen \cup {r}
     /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, atD, gone, hbAge, hs, hsAge, lost,
-                   hbq>>
+                   hbq, failed>>
 
-(* D's start_load_kv posts the READ of r from producer rank w.             *)
+(* D's start_load_kv posts the READ of r from producer rank w.  With       *)
+(* DFinish, also of a request D's scheduler finished: a D rank whose step   *)
+(* had it to read posts it once its own handshake is done                  *)
+(* (d-tp2-split-handshake: rank 0 READ 0.1 s after D finished the request). *)
 consumer_start_load_kv(r, w) ==
-    /\ r \in atD \ gone
+    /\ r \in atD \ seen
+    /\ r \notin gone \/ DFinish
     \* one handshake per producer engine, READs and heartbeats alike
     \* (_ensure_handshake, _handshake_futures): a READ waits for a pending one
     /\ hs # "pending"
     /\ K!consumer_start_load_kv(r, w)
     /\ qage' = [qage EXCEPT ![r] = IF \A v \in Sources \ {w} : Posted(r, v) THEN 0 ELSE @]
     /\ age' = [age EXCEPT ![r][w] = 0]
-    /\ UNCHANGED <<ttl, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq>>
+    /\ UNCHANGED <<ttl, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, failed>>
 
 (* The READ lands in D's blocks (D's get_transfer_results reports it).      *)
 consumer_read_done(r, w) ==
-    /\ Posted(r, w) /\ <<r, w>> \notin land
+    /\ Posted(r, w) /\ ~Ended(r, w)
     /\ land' = land \cup {<<r, w>>}
     /\ age' = [age EXCEPT ![r][w] = 0]
-    /\ UNCHANGED <<kvvars, ttl, qage, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq>>
+    /\ UNCHANGED <<kvvars, ttl, qage, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq,
+                   failed>>
+
+(* The READ fails on the transport while P lives (ReadFails; not fair): it *)
+(* never lands and its notification never reaches P.  Before a             *)
+(* notification that overtook it (NotifFirst), it cannot: P counted it.     *)
+consumer_read_fails(r, w) ==
+    /\ ReadFails
+    /\ Posted(r, w) /\ ~Ended(r, w) /\ rd[r][w] = "inflight"
+    /\ failed' = failed \cup {<<r, w>>}
+    /\ age' = [age EXCEPT ![r][w] = 0]
+    /\ UNCHANGED <<kvvars, ttl, qage, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost,
+                   hbq>>
+
+(* D's scheduler processes r's failed receive (update_connector_output:    *)
+(* finished_recving names failed receives too, base_worker.py:2881-2889):  *)
+(* D stops heartbeating r, and is done with it (the request errors, or     *)
+(* recomputes locally).                                                    *)
+consumer_fail(r) ==
+    /\ r \in atD \ seen /\ FailReported(r)
+    /\ seen' = seen \cup {r}
+    /\ gone' = gone \cup {r}
+    /\ qage' = [qage EXCEPT ![r] = 0]
+    /\ UNCHANGED <<kvvars, ttl, age, land, sent, atD, hbAge, hs, hsAge, lost, hbq, failed>>
+
+(* D's scheduler finishes r before its receive is processed (DFinish; not  *)
+(* fair): request_finished stops r's heartbeats (pull_scheduler.py:215-217). *)
+(* READs of r D posted, or a D rank still posts, run on.                    *)
+consumer_finish(r) ==
+    /\ DFinish
+    /\ r \in atD \ (gone \cup seen)
+    /\ gone' = gone \cup {r}
+    /\ qage' = [qage EXCEPT ![r] = 0]
+    /\ UNCHANGED <<kvvars, ttl, age, land, sent, atD, seen, hbAge, hs, hsAge, lost, hbq,
+                   failed>>
 
 (* The READ's "r:1" reaches rank w's agent (KVCompletion's                  *)
 (* consumer_get_finished); after the READ landed, or before it (NotifFirst).*)
 consumer_get_finished(r, w) ==
     /\ NotifFirst \/ <<r, w>> \in land
+    /\ <<r, w>> \notin failed
     /\ K!consumer_get_finished(r, w)
     \* an overtaking notification leaves the READ's own bound running
     /\ age' = [age EXCEPT ![r][w] = IF <<r, w>> \in land THEN 0 ELSE @]
-    /\ UNCHANGED <<ttl, qage, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq>>
+    /\ UNCHANGED <<ttl, qage, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, failed>>
 
 (* D gives up on a queued request for good.  Not fair.                      *)
 abandon(r) ==
@@ -202,7 +263,8 @@ abandon(r) ==
     /\ \A w \in Sources : ~Posted(r, w)
     /\ gone' = gone \cup {r}
     /\ qage' = [qage EXCEPT ![r] = 0]
-    /\ UNCHANGED <<kvvars, ttl, age, land, sent, atD, seen, hbAge, hs, hsAge, lost, hbq>>
+    /\ UNCHANGED <<kvvars, ttl, age, land, sent, atD, seen, hbAge, hs, hsAge, lost, hbq,
+                   failed>>
 
 (* D's scheduler packages heartbeats (once per interval) and every D rank's *)
 (* _send_heartbeats sends "HB:<tracked ids>" to its producer agents; the    *)
@@ -214,7 +276,7 @@ abandon(r) ==
 HbSwallowed ==
     /\ hs # "done"
     /\ hs' = "pending"
-    /\ UNCHANGED <<ttl, expired, lost, hsAge, hbq>>
+    /\ UNCHANGED <<ttl, expired, lost, hsAge, hbq, failed>>
 
 \* A heartbeat sent to every source rank, lost at the ranks in L.
 HbSent(L) ==
@@ -225,7 +287,7 @@ HbSent(L) ==
     /\ hbq' = [w \in Ranks |-> IF w \in Sources \ L
                               THEN hbq[w] \cup {r \in Tracked : req[r] = "sending"}
                               ELSE hbq[w]]
-    /\ UNCHANGED <<hs, hsAge, ttl, expired>>
+    /\ UNCHANGED <<hs, hsAge, ttl, expired, failed>>
 
 \* What every heartbeat does besides (the interval, and no other variable).
 HbDue ==
@@ -244,7 +306,8 @@ handshake_done ==
     /\ hs = "pending"
     /\ hs' = "done"
     /\ hsAge' = 0
-    /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, atD, seen, gone, hbAge, lost, hbq>>
+    /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, atD, seen, gone, hbAge, lost, hbq,
+                   failed>>
 
 (* One tick.  Bounded delays are urgent: the clock does not pass D's queue  *)
 (* wait, a READ or a notification at its bound, a due heartbeat (D's engine *)
@@ -261,12 +324,14 @@ ExpiresAtTick(w, r) == ttl[w][r] <= 1
 Unshipped == needSend # {} \/ \E i \in 1 .. Len(steps) : ~steps[i].ran /\ steps[i].toSend # {}
 InBuiltStep(r) == \E i \in 1 .. Len(steps) : ~steps[i].ran /\ r \in steps[i].toSend
 Bound(r, w) == IF <<r, w>> \in land THEN NMax ELSE RMax
-Pending(r, w) == Posted(r, w) /\ (<<r, w>> \notin land \/ rd[r][w] = "inflight")
+\* (a failed READ is over: it never lands and P never gets its notification)
+Pending(r, w) == /\ Posted(r, w) /\ <<r, w>> \notin failed
+                 /\ (<<r, w>> \notin land \/ rd[r][w] = "inflight")
 
 tick ==
     /\ \A r \in Queued : qage[r] < QMax /\ (r \notin atD => qage[r] < AMax)
-    \* D's scheduler sees a landed request's report within its step
-    /\ \A r \in atD \ seen : ~AllLanded(r)
+    \* D's scheduler sees a landed (or failed) request's report within its step
+    /\ \A r \in atD \ seen : ~AllLanded(r) /\ ~FailReported(r)
     /\ \A r \in Reqs, w \in Sources : Pending(r, w) => age[r][w] < Bound(r, w)
     /\ Tracked # {} => hbAge < HbEvery + DStall
     /\ hs = "pending" => hsAge < HsMax
@@ -290,7 +355,7 @@ tick ==
     /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, notif, replQ,
                    extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits,
                    lateFinish, clobbered, published, land, sent, atD, seen, gone, hs, lost,
-                   hbq>>
+                   hbq, failed>>
 
 Done == /\ \A r \in Reqs : req[r] = "freed" /\ r \notin Tracked /\ (r \in sent => r \in atD)
         /\ \A r \in Reqs, w \in Ranks : ~Pending(r, w)
@@ -299,9 +364,10 @@ Done == /\ \A r \in Reqs : req[r] = "freed" /\ r \notin Tracked /\ (r \in sent =
 Next ==
     \/ schedule \/ execute_model \/ update_from_output
     \/ \E r \in Reqs : abort(r) \/ abandon(r) \/ consumer_add_request(r) \/ consumer_update(r)
+    \/ \E r \in Reqs : consumer_fail(r) \/ consumer_finish(r)
     \/ \E r \in Reqs, w \in Ranks :
           \/ consumer_start_load_kv(r, w) \/ consumer_read_done(r, w)
-          \/ consumer_get_finished(r, w) \/ store_complete(r, w)
+          \/ consumer_get_finished(r, w) \/ store_complete(r, w) \/ consumer_read_fails(r, w)
     \/ heartbeat \/ handshake_done
     \/ tick
     \/ Done /\ UNCHANGED vars  \* the end: no deadlock
@@ -309,11 +375,13 @@ Next ==
 (* Fair: P's engine loop (schedule, execute, update), the transfer (a       *)
 (* posted READ lands, its notification arrives), HF3FS stores, D's queue    *)
 (* (a queued request is read: QMax bounds it unless D abandons it), the    *)
-(* heartbeat and the clock.  Not fair: abort, abandon.                     *)
+(* heartbeat and the clock, D's report of a failed receive.  Not fair:    *)
+(* abort, abandon, D finishing a request early, a READ failing.           *)
 Spec == Init /\ [][Next]_vars
         /\ WF_vars(schedule) /\ WF_vars(execute_model) /\ WF_vars(update_from_output)
         /\ WF_vars(\E r \in Reqs : consumer_add_request(r))
         /\ WF_vars(\E r \in Reqs : consumer_update(r))
+        /\ WF_vars(\E r \in Reqs : consumer_fail(r))
         /\ WF_vars(\E r \in Reqs, w \in Ranks : consumer_start_load_kv(r, w))
         /\ WF_vars(\E r \in Reqs, w \in Ranks : consumer_read_done(r, w))
         /\ WF_vars(\E r \in Reqs, w \in Ranks : consumer_get_finished(r, w))
@@ -328,14 +396,16 @@ TypeOK ==
     /\ seen \subseteq atD /\ gone \subseteq atD
     /\ lost \in 0 .. MaxLost
     /\ hs \in {"none", "pending", "done"} /\ hsAge \in 0 .. HsMax
+    /\ failed \subseteq Reqs \X Ranks /\ failed \cap land = {}
 
 -----------------------------------------------------------------------------
 (* #21570, #24268: P frees r while D's READ of it is yet to land (queued,   *)
 (* posted, or overtaken by its own notification).  No timing guard left:   *)
 (* this is now a statement about Lease against QMax, RMax, the lost        *)
 (* heartbeats and DStall.                                                  *)
+\* (a READ that failed reads nothing D keeps: D discards r)
 NoFreeUnderRead ==
-    \A r \in atD \ gone : req[r] = "freed" => \A w \in Sources : <<r, w>> \in land
+    \A r \in atD \ gone : req[r] = "freed" => \A w \in Sources : Ended(r, w)
 
 \* KVCompletion's own safety properties, on the clocked behaviours.
 \* Its NoFreeWhileInFlight fuses a READ and its notification: a free between the READ
@@ -352,7 +422,7 @@ AtMostOnceEmit == K!AtMostOnceEmit
 (* waits at the rank is not expired for the reaper (the heartbeat is read   *)
 (* first): only a lease the next reaper frees counts.                       *)
 GuardsHold ==
-    /\ \A r \in Reqs, w \in Ranks : rd[r][w] = "inflight" /\ <<r, w>> \notin land
+    /\ \A r \in Reqs, w \in Ranks : rd[r][w] = "inflight" /\ ~Ended(r, w)
            => r \notin expired[w] \ hbq[w]
 
 \* Every request D received is freed on P and fully read (or given up) by D.
@@ -362,4 +432,14 @@ DelayedEventuallyFreed == K!DelayedEventuallyFreed
 \* Vacuity guard (rows expect it violated): a request is freed after D read it all.
 ReachReadThenFreed ==
     ~(\E r \in atD : req[r] = "freed" /\ \A w \in Sources : <<r, w>> \in land)
+
+\* Vacuity guards of the DFinish and ReadFails rows.  D finished r, so its heartbeats
+\* stopped, and P frees r under a READ of it that has not landed: harmless to D only
+\* because D keeps the blocks until the READ ends and discards them (Decode.tla's
+\* HeldReleased, #32255), which this model leaves to Decode.tla.
+ReachFreeUnderFinishedRead ==
+    ~(\E r \in gone : req[r] = "freed" /\ \E w \in Sources : Pending(r, w) /\ <<r, w>> \notin land)
+\* A READ failed, D reported it, and P freed r (at its lease: no notification comes).
+ReachFailedThenFreed ==
+    ~(\E r \in seen : req[r] = "freed" /\ \E w \in Sources : <<r, w>> \in failed)
 =============================================================================

@@ -29,7 +29,8 @@ _INTS = {
 }  # fmt: skip
 _BOOLS = {
     "AsyncScheduling": "async_scheduling", "Swallow": "swallow", "NotifFirst": "notif_first",
-    "Abandon": "abandon", "ShipLate": "ship_late",
+    "Abandon": "abandon", "ShipLate": "ship_late", "DFinish": "d_finish",
+    "ReadFails": "read_fails",
 }  # fmt: skip
 CLOCK = Sweep(
     command="clock",
@@ -52,7 +53,8 @@ CLOCK = Sweep(
     invariants=("NoFreeUnderRead", "NoLateFinish", "AtMostOnceEmit"),
     # checked only in rows that name them: GuardsHold and the vacuity guard everywhere
     # (defaults), the fused-READ property where a row compares it with NoFreeUnderRead
-    reach=("GuardsHold", "ReachReadThenFreed", "FusedNoFreeWhileInFlight"),
+    reach=("GuardsHold", "ReachReadThenFreed", "FusedNoFreeWhileInFlight",
+           "ReachFreeUnderFinishedRead", "ReachFailedThenFreed"),
     liveness=("EveryRequestDone", "DelayedEventuallyFreed"),
     columns=("Variant", "TP", "PCP", "AMax", "QMax", "RMax", "MaxLost", "DStall", "HsMax",
              "NotifFirst"),

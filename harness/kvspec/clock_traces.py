@@ -103,8 +103,12 @@ def step_of(
         return action, _rd_change(a, b)
     if action == "consumer_read_done":
         return action, tuple(_one(b["land"], a["land"], "land"))
-    if action == "abandon":
+    if action == "consumer_read_fails":
+        return action, tuple(_one(b["failed"], a["failed"], "failed"))
+    if action in ("abandon", "consumer_finish"):
         return action, (_one(b["gone"], a["gone"], "gone"),)
+    if action == "consumer_fail":
+        return action, (_one(b["seen"], a["seen"], "seen"),)
     if action == "consumer_add_request":
         return action, (_one(b["atD"], a["atD"], "atD"),)
     if action == "consumer_update":

@@ -17,6 +17,11 @@ and in the driver's own view of them, by a clock the driver advances (lease_driv
 | | proactive handshake, held at the seam; nothing is sent |
 | `handshake_done` | the held handshake's exchange completes; vLLM's callbacks run |
 | `abandon(r)` | nothing real: D stops tracking r |
+| `consumer_finish(r)` | nothing real: D's request_finished stops tracking r; READs go on |
+| `consumer_fail(r)` | nothing real: D processed r's failed receive, stops tracking r |
+| `consumer_read_fails(r, w)` | the READ's "r:1" is never delivered and D counts it |
+| | failed: what P sees of a failed READ (no transport error is injected into D's NIXL; |
+| | the bytes D read are not checked) |
 | `tick` | the clock advances kv_lease_duration / 6 |
 
 Observed: KVCompletion's variables as `VllmDriver.observe` reads them (`expired`: deadline
@@ -64,6 +69,8 @@ class ClockDriver:
     gone: set[int] = field(default_factory=set)
     added: set[int] = field(default_factory=set)  # D's add_request ran (spec atD)
     seen: set[int] = field(default_factory=set)  # D's scheduler saw finished_recving
+    finished: set[int] = field(default_factory=set)  # D finished r early (consumer_finish)
+    failed: set[tuple[int, int]] = field(default_factory=set)  # READs that failed
     held: list[HeldHandshake] = field(default_factory=list)  # a pending handshake per D rank
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
@@ -109,7 +116,8 @@ class ClockDriver:
     def consumer_start_load_kv(self, r: int, w: int) -> None:
         """KVClock `consumer_start_load_kv(r, w)` (KVCompletion's, unguarded): D posts a
         real NIXL READ of r's block from rank w."""
-        if r in self.gone or r not in self.added:
+        # a request D finished early is still read by a rank whose step had it to read
+        if r not in self.added or r in self.seen or (r in self.gone and r not in self.finished):
             raise MissingAction(f"consumer_start_load_kv({r}, {w}): D does not hold r")
         if self.held:
             raise MissingAction(f"consumer_start_load_kv({r}, {w}): the handshake is pending")
@@ -118,7 +126,7 @@ class ClockDriver:
     def consumer_read_done(self, r: int, w: int) -> None:
         """KVClock `consumer_read_done(r, w)`: D's get_transfer_results reports the READ
         of r from w; its bytes equal the producer's block."""
-        if (r, w) not in self.vd.reads or (r, w) in self.land:
+        if (r, w) not in self.vd.reads or (r, w) in self.land | self.failed:
             raise MissingAction(f"consumer_read_done({r}, {w}): no READ in progress")
         self.vd.await_read(r, w)
         self.land.add((r, w))
@@ -130,6 +138,33 @@ class ClockDriver:
         if rd is None or rd.state != "inflight" or (r, w) not in self.land:
             raise MissingAction(f"consumer_get_finished({r}, {w}): no landed READ to notify")
         self.vd.deliver_notif(r, w)
+
+    def consumer_read_fails(self, r: int, w: int) -> None:
+        """KVClock `consumer_read_fails(r, w)`: the READ of r from w fails while P lives.
+        What P sees of it is that its "r:1" never comes: the driver holds it for good."""
+        rd = self.vd.reads.get((r, w))
+        if rd is None or rd.state != "inflight" or (r, w) in self.land | self.failed:
+            raise MissingAction(f"consumer_read_fails({r}, {w}): no READ in progress")
+        self.failed.add((r, w))
+
+    def consumer_fail(self, r: int) -> None:
+        """KVClock `consumer_fail(r)`: D's scheduler processes r's failed receive
+        (update_connector_output) and stops heartbeating it; D is done with r."""
+        posted = [w for rr, w in self.vd.reads if rr == r]
+        ended = all((r, w) in self.land | self.failed for w in posted)
+        failed = any((r, w) in self.failed for w in posted) or r in self.gone
+        if r not in self.added or r in self.seen or not posted or not ended or not failed:
+            raise MissingAction(f"consumer_fail({r}): no failed receive of r to report")
+        self.seen.add(r)
+        self.gone.add(r)
+
+    def consumer_finish(self, r: int) -> None:
+        """KVClock `consumer_finish(r)`: D's scheduler finishes r before its receive is
+        processed (request_finished -> _stop_heartbeat); its READs go on."""
+        if r not in self.added or r in self.gone | self.seen:
+            raise MissingAction(f"consumer_finish({r}): D does not track r")
+        self.gone.add(r)
+        self.finished.add(r)
 
     def abandon(self, r: int) -> None:
         """KVClock `abandon(r)`: D gives r up (nothing happens on the real side)."""
