@@ -21,6 +21,11 @@
 (*  "recv"     D's scheduler processed r's finished_recving                *)
 (*  "abandon"  D's scheduler processed r's failed receive, no READ posted  *)
 (*             (a failed handshake): D stops heartbeating r                *)
+(*  "finish"   D's request_finished of r before its receive was processed  *)
+(*             (an abort; another D rank's failure): heartbeats stop       *)
+(*  "fail"     D's scheduler processed r's failed receive of a READ it     *)
+(*             posted (the READ failed, silently, while P lived; or D had  *)
+(*             finished r and another D rank failed)                       *)
 (*  "hb"       a heartbeat: swallowed by the pending handshake, or sent and *)
 (*             lost at the producer ranks in `lost` (no _handle_heartbeat)  *)
 (* The run is a behaviour iff a state with logIdx = Len(Log) is reachable: *)
@@ -93,6 +98,12 @@ Match(e) ==
       [] e.a = "abandon" ->
             /\ abandon(e.r)
             /\ UNCHANGED arrived
+      [] e.a = "finish" ->
+            /\ consumer_finish(e.r)
+            /\ UNCHANGED arrived
+      [] e.a = "fail" ->
+            /\ consumer_fail(e.r)
+            /\ UNCHANGED arrived
       [] e.a = "hb" ->
             /\ HbDue
             /\ IF e.swallow THEN HbSwallowed ELSE HbSent(e.lost)
@@ -123,7 +134,8 @@ deadline_passes(w, r) ==
 \* Actions the recording does not see.
 Silent ==
     \/ \E r \in Reqs, w \in Ranks :
-          consumer_read_done(r, w) \/ consumer_get_finished(r, w) \/ store_complete(r, w)
+          \/ consumer_read_done(r, w) \/ consumer_get_finished(r, w) \/ store_complete(r, w)
+          \/ consumer_read_fails(r, w)
     \/ handshake_done
     \/ ~HbSeen /\ heartbeat
     \/ SubTick /\ \E w \in Ranks, r \in Reqs : deadline_passes(w, r)

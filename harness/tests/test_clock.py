@@ -50,6 +50,12 @@ def test_bad_matrix_is_one_line_and_exit_2(
         ("tp1-wait30s-hb-lost", False),
         pytest.param("tp1-wait30s-hb-lost", True, marks=pytest.mark.slow),
         pytest.param("tp1-wait25s-hb-lost", True, marks=pytest.mark.slow),
+        # D's side ending early (issue #16's recordings): safety in make test (4 s and
+        # 7 s of TLC), liveness (22 s and 60 s more) in make test-full and the sweep
+        ("tp1-read-fails", False),
+        pytest.param("tp1-read-fails", True, marks=pytest.mark.slow),
+        ("tp1-d-finish", False),
+        pytest.param("tp1-d-finish", True, marks=pytest.mark.slow),
     ],
 )
 def test_tlc_verdicts_are_the_expected_ones(name: str, live: bool, tmp_path: Path) -> None:
@@ -59,6 +65,13 @@ def test_tlc_verdicts_are_the_expected_ones(name: str, live: bool, tmp_path: Pat
         pytest.skip(f"inconclusive: {res.inconclusive}")
     unexpected = [p for p in res.unexpected if p in sweep.properties]
     assert unexpected == [], res.verdicts
+    if name == "tp1-d-finish":
+        # P frees r under a READ D still has in flight, of a request D finished (its
+        # heartbeats stopped at request_finished): the lease ran out under that READ
+        doc = json.loads((tmp_path / name / "ReachFreeUnderFinishedRead.itf.json").read_text())
+        last = doc["states"][-1]
+        assert last["req"] == ["freed"] and last["gone"] == {"#set": [1]}
+        assert last["land"] == {"#set": []} and last["failed"] == {"#set": []}
     if name == "tp1-wait25s-hb-lost":
         # the finding of the split: the fused property's alarm is a free after the READ
         # landed, whose notification came late
@@ -117,6 +130,12 @@ def test_step_of_reads_the_request_and_rank_off_the_change() -> None:
         "consumer_add_request", (1,),
     )  # fmt: skip
     assert _step(_st(), _st(seen=frozenset({1})), "consumer_update") == ("consumer_update", (1,))
+    # D's side ending early: a failed READ, D finishing r, D's failed receive
+    a, b = _st(failed=frozenset()), _st(failed=frozenset({(1, 0)}))
+    assert _step(a, b, "consumer_read_fails") == ("consumer_read_fails", (1, 0))
+    assert _step(_st(), _st(gone=frozenset({1})), "consumer_finish") == ("consumer_finish", (1,))
+    done = _st(seen=frozenset({1}), gone=frozenset({1}))
+    assert _step(_st(), done, "consumer_fail") == ("consumer_fail", (1,))
 
 
 def test_a_heartbeats_lost_messages_are_read_off_its_effect() -> None:

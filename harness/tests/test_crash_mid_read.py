@@ -2,7 +2,10 @@
 D's READ of it was posted and stayed in flight, P was killed during it, and D's poll of the
 READ raised NIXL_ERR_REMOTE_DISCONNECT (nixl/base_worker.py _pop_done_transfers): D failed
 the request. Each side is validated against the spec; the clock keeps the READ in flight
-at P's end, and a READ that fails while P still acts is refused, as before."""
+at P's end. A READ that fails while P still acts is KVClock's failed READ
+(consumer_read_fails): P gets no notification of it, so P frees that request at its lease
+and no sooner (a free right after the failure is rejected; after a READ that landed, the
+same free is admitted)."""
 
 from __future__ import annotations
 
@@ -14,8 +17,9 @@ from typing import Any
 import pytest
 from kvspec.record.clock_mapping import map_clock
 from kvspec.record.decode_mapping import map_decode
+from kvspec.record.doctored import free_at
 from kvspec.record.log import Event, read_dir
-from kvspec.record.mapping import MappingError, map_recording
+from kvspec.record.mapping import map_recording
 from kvspec.validate import check_design
 from kvspec.validate_clock import check_clock
 from kvspec.validate_decode import check_bug
@@ -59,14 +63,49 @@ def test_ps_clock_keeps_the_read_in_flight_at_its_end() -> None:
     assert cm.heartbeats == META["clock"]["heartbeats"]
 
 
-def test_negative_control_a_read_failing_while_p_still_acts_is_refused_by_the_clock() -> None:
-    """The same failure with one more P event after it: P outlived the failed READ, which
-    KVClock has no step for: refused with one line, as before the crash rule."""
-    events = _events()
+def _p_acts_after(events: list[Event]) -> list[Event]:
+    """The crash run with one more P event after D's failure: P outlived the failed READ."""
     last = max((e for e in events if e.engine == "P"), key=lambda e: e.t_ns)
-    later = dataclasses.replace(last, seq=last.seq + 1, t_ns=_failure(events).t_ns + 1)
-    with pytest.raises(MappingError, match=f"READ of {FAILED} failed: KVClock has no failed"):
-        map_clock([*events, later])
+    return [*events, dataclasses.replace(last, seq=last.seq + 1, t_ns=_failure(events).t_ns + 1)]
+
+
+def test_a_read_failing_while_p_still_acts_is_a_failed_read_on_the_clock() -> None:
+    of_2 = [e.a for e in map_clock(_p_acts_after(_events())).log if e.r == 2
+            and e.a in ("add", "read", "recv", "fail", "abandon", "finish")]  # fmt: skip
+    assert of_2 == ["add", "read", "fail"]
+
+
+def _p_frees_2_after_the_failure(events: list[Event]) -> list[Event]:
+    rid = next(str(e.result["remote_request_id"]) for e in events
+               if e.call == "read" and e.reqs == (FAILED,))  # fmt: skip
+    return free_at(events, "P", rid, _failure(events).t_ns + 1_000_000)
+
+
+def test_p_freeing_a_request_right_after_its_read_failed_is_rejected(tmp_path: Path) -> None:
+    """P frees request 2 1 ms after D's READ of it failed, 100 s before its lease runs out:
+    a failed READ sends P no notification, so nothing explains the free."""
+    cm = map_clock(_p_frees_2_after_the_failure(_events()))
+    at = next(n for n, e in enumerate(cm.log) if e.a == "execute" and any(2 in o for o in e.out))
+    assert [e.a for e in cm.log if e.r == 2][-1] == "fail"
+    v = check_clock(cm, "v0.30-shipped", tmp_path)
+    _decided(v.design.verdict, v.design.detail)
+    assert (v.design.verdict, v.design.explained) == ("rejected", at)
+
+
+def test_negative_control_the_same_free_after_a_read_that_landed_is_admitted(
+    tmp_path: Path,
+) -> None:
+    """The same doctored free where D's receive did not fail: the READ landed, and its
+    notification explains the free."""
+    events = [dataclasses.replace(e, result={**e.result, "failed_recving": []})
+              if e.engine == "D" and e.ids("failed_recving") else e
+              for e in _p_frees_2_after_the_failure(_events())
+              if not (e.engine == "D" and e.call == "load_errors")]  # fmt: skip
+    cm = map_clock(events)
+    assert [e.a for e in cm.log if e.r == 2][-1] == "recv"
+    v = check_clock(cm, "v0.30-shipped", tmp_path)
+    _decided(v.design.verdict, v.design.detail)
+    assert (v.design.verdict, v.design.explained) == ("admitted", len(cm.log))
 
 
 def test_the_clock_admits_it_reads_safe(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ P had reaped it.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from kvspec.record.log import Event
@@ -62,7 +62,7 @@ class ClockEvent:
         if self.a == "hb":
             what = "swallowed" if self.swallow else f"lost at {sorted(self.lost)}"
             return f"t={self.t} heartbeat {list(self.names)} {what}"
-        if self.a in ("add", "recv", "abandon"):
+        if self.a in ("add", "recv", "abandon", "finish", "fail"):
             return f"t={self.t} {self.a} r={self.r}"
         base = SpecEvent(self.a, self.r, self.w, self.batch, self.out, self.freed, self.fin)
         return f"t={self.t} {base.describe()}"
@@ -193,7 +193,8 @@ def _heartbeats(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]
 
 
 def _decode_events(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]]:
-    """D's add_request of a P/D request and its scheduler's processed finished_recving.
+    """D's add_request of a P/D request, its request_finished before the receive was
+    processed (heartbeats stop there), and its scheduler's processed finished_recving.
     A decode request is the producer's request its add_request names, or (a recording
     from before kvspec recorded that) the one its READs name (`read` events)."""
     d_to_p = {e.reqs[0]: str(e.result.get("remote_request_id", "")) for e in events
@@ -210,8 +211,11 @@ def _decode_events(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEve
     # the producer's last recorded event: a READ that fails after it failed because P
     # was gone (killed during the READ, pd-p-crash-mid-read), which P's clock cannot see
     p_end = max((e.t_ns for e in events if e.engine == m.producer), default=0)
+    inside = _finished_inside_update(events, m)
     out = []
     errored: set[str] = set()  # D's receives a worker reported a load error for
+    finished: set[str] = set()  # D's requests finished before their receive was processed
+    processed: set[str] = set()  # D's receives its scheduler processed
     for e in events:
         if e.engine in m.consumers and e.call == "load_errors":
             errored |= set(e.reqs)
@@ -221,28 +225,72 @@ def _decode_events(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEve
             r = r_of(e.reqs[0])
             if r is not None:
                 out.append((e, ClockEvent("add", r=r, source=e)))
+        elif e.call == "request_finished" and e.reqs and e.reqs[0] not in finished | processed:
+            # request_finished stops r's heartbeats (pull_scheduler.py:215-217): before
+            # the update that processes r's receive, D finished r early (an abort; another
+            # D rank's failure, d-tp2-split-handshake)
+            r = r_of(e.reqs[0])
+            if r is not None and (e.engine, e.seq, e.pid) not in inside:
+                finished.add(e.reqs[0])
+                out.append((e, ClockEvent("finish", r=r, source=e)))
         elif e.call == "update_from_output":
-            # 0.29 reports a failed load in finished_recving only, its blocks invalid
-            # (base_worker.py:2218-2228, 2422-2435): a load error is a failure too
-            failed = e.ids("failed_recving") | errored
-            for rid in sorted(e.ids("finished_recving")):
-                r = r_of(rid)
-                if r is None:
-                    continue
-                # A failed receive is reported finished too (base_worker.py:2881-2889) and
-                # D stops heartbeating it (base_scheduler.py:522-525): with no READ posted
-                # (a failed handshake) that is KVClock's abandon; a failed READ it lacks.
-                # A READ that failed after P's last event stays in flight in P's clock:
-                # P never acted again, so its end is the clock's (a prefix of a run).
-                if rid not in failed:
-                    out.append((e, ClockEvent("recv", r=r, source=e)))
-                elif rid in read_ids and e.t_ns > p_end:
-                    continue
-                elif rid in read_ids:
-                    raise MappingError(f"{e.engine}'s READ of {rid} failed: KVClock has no "
-                                       "failed READ; validate the decode side instead")  # fmt: skip
-                else:
-                    out.append((e, ClockEvent("abandon", r=r, source=e)))
+            out += _receives(e, errored | e.ids("failed_recving"), read_ids, finished, p_end,
+                             r_of)  # fmt: skip
+            processed |= e.ids("finished_recving")
+    return out
+
+
+def _finished_inside_update(events: list[Event], m: Mapped) -> set[tuple[str, int, int]]:
+    """D's request_finished events made by the update that processes that request's
+    receive (a failed one, finished at once): the scheduler's next update_from_output,
+    with no schedule in between, names it in finished_recving. Those stop heartbeats
+    with the receive, which the receive's own event says."""
+    out: set[tuple[str, int, int]] = set()
+    pending: list[Event] = []
+    for e in events:
+        if e.engine not in m.consumers or e.role != "scheduler":
+            continue
+        if e.call == "request_finished" and e.reqs:
+            pending.append(e)
+        elif e.call == "schedule":
+            pending = [f for f in pending if f.engine != e.engine]
+        elif e.call == "update_from_output":
+            recv = e.ids("finished_recving")
+            out |= {(f.engine, f.seq, f.pid) for f in pending
+                    if f.engine == e.engine and f.reqs[0] in recv}  # fmt: skip
+            pending = [f for f in pending if f.engine != e.engine]
+    return out
+
+
+Placed = list[tuple[Event, ClockEvent]]
+
+
+def _receives(e: Event, failed: set[str], read_ids: set[str], finished: set[str],
+              p_end: int, r_of: Callable[[str], int | None]) -> Placed:  # fmt: skip
+    """The receives D's scheduler processed in update `e` (finished_recving names failed
+    receives too, base_worker.py:2881-2889; 0.29 reports a failed load in finished_recving
+    only, its blocks invalid, base_worker.py:2218-2228, 2422-2435: a load error is a
+    failure too), each as the clock's step:
+    - "recv": a receive that did not fail;
+    - "fail": a failed receive of a READ D posted (a READ that failed, or another D
+      rank's failure after D finished r); one that failed after P's last event is left
+      in flight instead: P never acted again, so its end is the clock's (a prefix of a
+      run, pd-p-crash-mid-read);
+    - "abandon": a failed receive with no READ posted (a failed handshake); none where D
+      had finished r already (its heartbeats stopped there)."""
+    out: Placed = []
+    for rid in sorted(e.ids("finished_recving")):
+        r = r_of(rid)
+        if r is None:
+            continue
+        if rid not in failed:
+            out.append((e, ClockEvent("recv", r=r, source=e)))
+        elif rid in read_ids and e.t_ns > p_end:
+            continue
+        elif rid in read_ids:
+            out.append((e, ClockEvent("fail", r=r, source=e)))
+        elif rid not in finished:
+            out.append((e, ClockEvent("abandon", r=r, source=e)))
     return out
 
 

@@ -95,3 +95,30 @@ def sibling_read_after_free(events: list[Event], producer: str, rid: str) -> lis
     rest = [e for e in events if e is not last]
     return sorted([*rest, replace(last, t_ns=free.t_ns + 1)],
                   key=lambda e: (e.t_ns, e.pid, e.seq))  # fmt: skip
+
+
+def free_at(events: list[Event], producer: str, rid: str, t_ns: int) -> list[Event]:
+    """The producer frees `rid` in a step at `t_ns`: its worker reports it finished_sending,
+    its scheduler frees the blocks. Built from the producer's last step (schedule, worker
+    report, update) as vLLM records one; a step scheduled and not yet run (a producer
+    stopped during it) is the one that frees."""
+    mine = [e for e in events if e.engine == producer]
+
+    def last(call: str) -> Event:
+        return max((e for e in mine if e.call == call), key=lambda e: (e.t_ns, e.seq))
+
+    sched, report = last("schedule"), last("get_transfer_results")
+    update = last("update_from_output")
+    s_seq, w_seq = sched.seq + 1000, report.seq + 1000
+    step = [
+        replace(report, seq=w_seq, t_ns=t_ns + 1,
+                result={**report.result, "finished_sending": [rid]}),
+        replace(update, call="free_blocks", seq=s_seq + 1, t_ns=t_ns + 2, reqs=(rid,),
+                result={"free": 0}),
+        replace(update, seq=s_seq + 2, t_ns=t_ns + 3,
+                result={**update.result, "finished_sending": [rid]}),
+    ]  # fmt: skip
+    if update.t_ns > sched.t_ns:  # the last step ran: a new one
+        step.append(replace(sched, seq=s_seq, t_ns=t_ns,
+                            result={"finished_req_ids": [], "new": []}))  # fmt: skip
+    return sorted([*events, *step], key=lambda e: (e.t_ns, e.pid, e.seq))
