@@ -14,7 +14,8 @@
 (* step, and a free by the reaper before the lease ran out has no          *)
 (* explanation.                                                            *)
 (*                                                                         *)
-(* Log records: [a, r, w, t, batch, out, freed, fin, swallow, lost]; a is *)
+(* Log records: [a, r, w, t, batch, out, freed, fin, swallow, lost,       *)
+(* names]; a is                                                            *)
 (*  "arrive", "schedule", "execute", "update", "abort", "read", "coread": *)
 (*             as KVTrace                                                  *)
 (*  "add"      D's Scheduler.add_request of r (on_new_request)             *)
@@ -26,8 +27,9 @@
 (*  "fail"     D's scheduler processed r's failed receive of a READ it     *)
 (*             posted (the READ failed, silently, while P lived; or D had  *)
 (*             finished r and another D rank failed)                       *)
-(*  "hb"       a heartbeat: swallowed by the pending handshake, or sent and *)
-(*             lost at the producer ranks in `lost` (no _handle_heartbeat)  *)
+(*  "hb"       a heartbeat naming the requests in `names` (D's tracked     *)
+(*             ones): swallowed by the pending handshake, or sent and lost  *)
+(*             at the producer ranks in `lost` (no _handle_heartbeat)       *)
 (* The run is a behaviour iff a state with logIdx = Len(Log) is reachable: *)
 (* TraceUnfinished is then violated.                                       *)
 (***************************************************************************)
@@ -105,6 +107,10 @@ Match(e) ==
             /\ consumer_fail(e.r)
             /\ UNCHANGED arrived
       [] e.a = "hb" ->
+            \* the requests it names are those D tracks: D's heartbeat_by_engine, from
+            \* on_new_request to request_finished or the processed finished_recving
+            \* (base_scheduler.py:199-248, 521-525; pull_scheduler.py:215-217)
+            /\ e.names = Tracked
             /\ HbDue
             /\ IF e.swallow THEN HbSwallowed ELSE HbSent(e.lost)
             /\ UNCHANGED arrived

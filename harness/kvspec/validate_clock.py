@@ -54,7 +54,8 @@ def _record(e: ClockEvent) -> str:
     swallow = "TRUE" if e.swallow else "FALSE"
     return (f'[a |-> "{e.a}", r |-> {e.r}, w |-> {e.w}, t |-> {e.t}, batch |-> {_set(e.batch)}, '
             f"out |-> {out}, freed |-> {_set(e.freed)}, fin |-> {_set(e.fin)}, "
-            f"swallow |-> {swallow}, lost |-> {_set(e.lost)}]")  # fmt: skip
+            f"swallow |-> {swallow}, lost |-> {_set(e.lost)}, "
+            f"names |-> {_set(frozenset(e.names))}]")  # fmt: skip
 
 
 def trace_module(log: list[ClockEvent]) -> str:

@@ -55,7 +55,7 @@ class ClockEvent:
     fin: frozenset[int] = frozenset()
     swallow: bool = False
     lost: frozenset[int] = frozenset()
-    names: tuple[int, ...] = ()  # a heartbeat's payload, as spec requests (shown only)
+    names: tuple[int, ...] = ()  # a heartbeat's payload, as spec requests (D's Tracked)
     source: Event | None = field(default=None, compare=False)
 
     def describe(self) -> str:

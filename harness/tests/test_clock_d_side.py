@@ -1,0 +1,51 @@
+"""D's side of the lease clock on recorded runs (spec/ClockTrace.tla): the requests a
+recorded heartbeat names are the ones KVClock says D tracks (`Tracked`), from its
+add_request to its request_finished or its processed finished_recving. A client abort on
+D (pd-handshake-fail-abort: request 2 aborted while D waited for its KV) ends request 2's
+heartbeats at D's request_finished (`pull_scheduler.py:215-217`), which the clock maps as
+`finish`; without it, the next heartbeat names a request the model says D still tracks."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from kvspec.record.clock_mapping import map_clock
+from kvspec.record.log import read_dir
+from kvspec.validate_clock import check_clock
+
+RUN = Path(__file__).resolve().parents[2] / "conformance" / "recorded" / "pd-handshake-fail-abort"
+
+
+def test_heartbeats_stop_naming_a_request_at_ds_request_finished() -> None:
+    log = map_clock(read_dir(RUN)).log
+    fin = next(n for n, e in enumerate(log) if e.a == "finish")
+    assert log[fin].r == 2
+    before = [e.names for e in log[:fin] if e.a == "hb"]
+    after = [e.names for e in log[fin:] if e.a == "hb"]
+    assert before[-1] == (1, 2) and after and all(n == (1,) for n in after)
+
+
+def test_the_clock_admits_it_with_the_finish(tmp_path: Path) -> None:
+    cm = map_clock(read_dir(RUN))
+    v = check_clock(cm, "v0.30-shipped", tmp_path)
+    if v.design.verdict == "inconclusive":  # TLC timed out twice (a loaded machine)
+        pytest.skip(f"inconclusive: {v.design.detail}")
+    assert (v.design.verdict, v.design.explained, v.safe) == ("admitted", len(cm.log), "safe")
+
+
+def test_negative_control_without_the_finish_the_next_heartbeat_is_unexplained(
+    tmp_path: Path,
+) -> None:
+    """The same log with D's request_finished of request 2 dropped (the mapping before
+    2026-12-05): KVClock's D still tracks request 2, the recorded heartbeat does not name
+    it, and the run is rejected at that heartbeat."""
+    cm = map_clock(read_dir(RUN))
+    fin = next(n for n, e in enumerate(cm.log) if e.a == "finish")
+    doctored = dataclasses.replace(cm, log=[e for e in cm.log if e.a != "finish"])
+    at = next(n for n, e in enumerate(doctored.log) if e.a == "hb" and n >= fin)
+    v = check_clock(doctored, "v0.30-shipped", tmp_path)
+    if v.design.verdict == "inconclusive":  # TLC timed out twice (a loaded machine)
+        pytest.skip(f"inconclusive: {v.design.detail}")
+    assert (v.design.verdict, v.design.explained) == ("rejected", at)
