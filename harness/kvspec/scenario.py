@@ -167,7 +167,7 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
         # the designs that admit every producer's log
         res.admitted = admitted if n == 0 else [x for x in res.admitted if x in admitted]
     res.validate_s = time.monotonic() - t
-    timed_out = _handshake_timed_out(sc, out, d_ids)
+    timed_out = _handshake_timed_out(sc, events, d_ids)
     if timed_out:
         res.detail += f" {timed_out}"
     if (undecided or timed_out) and not all(c.ok for c in res.checks):
@@ -177,17 +177,17 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
     return res
 
 
-def _handshake_timed_out(sc: Scenario, out: Path, d_ids: list[str]) -> str:
+def _handshake_timed_out(sc: Scenario, events: list[Event], d_ids: list[str]) -> str:
     """Why a scenario that needs D's handshake with P has no verdict, or "": a decode
-    engine whose handshake failed (vLLM's own 5 s wait for P's side channel,
-    base_worker.py:1043-1047, expired on the loaded machine; its log says
-    handshake_setup_failed). The run is still a behaviour of vLLM, and is validated, but
-    not the one the scenario stages: a timeout, retried, never a verdict."""
+    worker whose handshake failed (the recorder's `handshake` event with ok false: vLLM's
+    own 5 s wait for P's side channel, base_worker.py:1043-1047, expired on the loaded
+    machine, and vLLM logged handshake_setup_failed). The run is still a behaviour of
+    vLLM, and is validated, but not the one the scenario stages: a timeout, retried,
+    never a verdict."""
     if sc.dead_port or sc.refused:  # the failure is what these scenarios stage
         return ""
-    logs = [out / f"{d}.log" for d in d_ids]
-    hit = [p.stem for p in logs if p.exists() and "handshake_setup_failed" in
-           p.read_text(errors="replace")]  # fmt: skip
+    hit = sorted({f"{e.engine} rank {e.rank}" for e in events if e.engine in d_ids
+                  and e.call == "handshake" and e.result.get("ok") is False})  # fmt: skip
     return f"timeout: {', '.join(hit)}'s handshake with P failed (vLLM's 5 s wait)" if hit else ""
 
 

@@ -113,3 +113,40 @@ def test_load_failed_reads_failed_recving_and_the_invalid_blocks() -> None:
     assert load_failed(res029, blocks, set()) == set()  # no invalid block: both received
     res032 = TransferResults(set(), {"d1", "d2"}, {"d2"})
     assert load_failed(res032, blocks, set()) == {"d2"}
+
+
+class _Worker:
+    """A NIXL worker's shape for the handshake wrapper: `_read_blocks` marks it, and its
+    `_nixl_handshake` succeeds or raises as vLLM's does on a dead side channel."""
+
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+
+    def _read_blocks(self) -> None: ...
+
+    def _nixl_handshake(self, host: str, port: int, tp: int, expected_engine_id: str) -> str:
+        if self.fail:
+            raise TimeoutError("Resource temporarily unavailable")
+        return "agents"
+
+
+def test_a_handshake_is_recorded_with_its_outcome_and_its_error_still_raised(
+    tmp_path: Path,
+) -> None:
+    """The recorder's `handshake` event (what scenario._handshake_timed_out reads): the
+    wrapped call returns and raises exactly as vLLM's; the event says which."""
+    from types import SimpleNamespace
+
+    import pytest
+    from kvspec.record.connectors import _wrap_handshakes
+
+    rec = Recorder("D", "kv_consumer", "worker", 1, 2, tmp_path)
+    ok, bad = _Worker(False), _Worker(True)
+    _wrap_handshakes(SimpleNamespace(connector_worker=ok), rec)
+    _wrap_handshakes(SimpleNamespace(connector_worker=bad), rec)
+    assert ok._nixl_handshake("h", 1, 1, "P") == "agents"
+    with pytest.raises(TimeoutError):
+        bad._nixl_handshake("h", 1, 1, expected_engine_id="P2")
+    got = [(e["result"]["remote_engine"], e["result"]["ok"], "error" in e["result"])
+           for e in _lines(tmp_path)]  # fmt: skip
+    assert got == [("P", True, False), ("P2", False, True)]

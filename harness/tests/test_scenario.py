@@ -339,19 +339,25 @@ def test_the_in_flight_time_of_a_failed_read_is_read_off_the_recording() -> None
     assert failed_read_s(read_dir(recorded / "pd-p-restart")) is None
 
 
-def test_a_handshake_that_timed_out_under_load_is_a_timeout_not_a_verdict(
-    tmp_path: Path,
-) -> None:
+def test_a_handshake_that_timed_out_under_load_is_a_timeout_not_a_verdict() -> None:
     """make e2e, 2026-12-05: on the loaded machine D's handshake with P hit vLLM's own 5 s
     wait (pd-tp2-mla; pd-d-tp2 on one D rank) and D failed its requests. Not the scenario
-    staged: a timeout. Where the failure is what the scenario stages, it is not."""
+    staged: a timeout. Where the failure is what the scenario stages, it is not. Read off
+    the recorder's `handshake` events."""
+    from kvspec.record.log import Event
     from kvspec.scenario import _handshake_timed_out
 
-    (tmp_path / "D.log").write_text("ERROR ... NIXL transfer failure: handshake_setup_failed |")
-    said = _handshake_timed_out(SCENARIOS["pd-d-tp2"], tmp_path, ["D"])
-    assert said.startswith("timeout: D's handshake with P failed")
-    assert _handshake_timed_out(SCENARIOS["pd-handshake-fail"], tmp_path, ["D"]) == ""
-    assert _handshake_timed_out(SCENARIOS["pd-tp2-mqa"], tmp_path, ["D"]) == ""
-    # negative control: a log without the failure, and no log at all
-    (tmp_path / "D.log").write_text("INFO ... NIXL compatibility check passed")
-    assert _handshake_timed_out(SCENARIOS["pd-d-tp2"], tmp_path, ["D", "D2"]) == ""
+    def hs(engine: str, rank: int, ok: bool) -> Event:
+        return Event(engine, "kv_consumer", "worker", rank, 2, 100 + rank, 0, 1, "handshake",
+                     result={"remote_engine": "P", "ok": ok})  # fmt: skip
+
+    split = [hs("D", 0, True), hs("D", 1, False)]
+    said = _handshake_timed_out(SCENARIOS["pd-d-tp2"], split, ["D"])
+    assert said == "timeout: D rank 1's handshake with P failed (vLLM's 5 s wait)"
+    assert _handshake_timed_out(SCENARIOS["pd-handshake-fail"], split, ["D"]) == ""
+    assert _handshake_timed_out(SCENARIOS["pd-tp2-mqa"], split, ["D"]) == ""
+    # negative control: handshakes that succeeded, and none recorded
+    assert _handshake_timed_out(SCENARIOS["pd-d-tp2"], [hs("D", 0, True)], ["D"]) == ""
+    assert _handshake_timed_out(SCENARIOS["pd-d-tp2"], [], ["D", "D2"]) == ""
+
+

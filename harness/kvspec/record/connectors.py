@@ -189,6 +189,33 @@ def _nixl_worker(connector: Any) -> Any:
     return None
 
 
+def _wrap_handshakes(connector: Any, rec: Recorder) -> None:
+    """Record each NIXL handshake a worker makes (base_worker.py `_nixl_handshake(host,
+    port, remote_tp_size, expected_engine_id, ...)`, run on the handshake executor's
+    thread: `_ensure_handshake` submits `self._nixl_handshake`, so an instance attribute
+    intercepts it). One `handshake` event at its end: the remote engine, whether it
+    succeeded, and the error vLLM's done_callback logs as handshake_setup_failed."""
+    worker = _nixl_worker(connector)
+    if worker is None or not hasattr(worker, "_nixl_handshake"):
+        return
+    real = worker._nixl_handshake
+
+    @functools.wraps(real)
+    def handshake(*args: Any, **kwargs: Any) -> Any:
+        eid = kwargs.get("expected_engine_id", args[3] if len(args) > 3 else "?")
+        t0 = time.monotonic_ns()
+        try:
+            out = real(*args, **kwargs)
+        except BaseException as exc:
+            rec.emit("handshake", remote_engine=str(eid), ok=False, started_ns=t0,
+                     error=repr(exc)[:200])  # fmt: skip
+            raise
+        rec.emit("handshake", remote_engine=str(eid), ok=True, started_ns=t0)
+        return out
+
+    worker._nixl_handshake = handshake
+
+
 def _wrap_reads(connector: Any, rec: Recorder) -> None:
     """Record each READ the NIXL worker posts (pull_worker.py:_read_blocks(read_spec,
     dst_engine_id, request_id, remote_request_id, ...)); absent in a vLLM without it."""
@@ -318,6 +345,10 @@ class _Recording:
                 _wrap_heartbeats(self, self._kvspec_rec)
             except Exception as exc:  # noqa: BLE001 - never raise into vLLM
                 self._kvspec_rec.emit("recorder_note", note=f"heartbeats not recorded: {exc!r}")
+            try:
+                _wrap_handshakes(self, self._kvspec_rec)
+            except Exception as exc:  # noqa: BLE001 - never raise into vLLM
+                self._kvspec_rec.emit("recorder_note", note=f"handshakes not recorded: {exc!r}")
 
     # MultiConnector.request_finished_all_groups calls self.request_finished when a child
     # lacks HMA (multi_connector.py:595-607): one finish, recorded once, at the outer call.

@@ -43,7 +43,11 @@ block, so it only notified the producer: a full hit or an aborted request's clea
 `result.remote_engine`, `result.sent` / `result.failed`: producer ranks whose "HB:" message
 went out / raised; neither: swallowed by the proactive handshake) and `heartbeat_recv` (a
 producer worker's `_handle_heartbeat`, stamped at entry: `reqs` the payload,
-`result.held`: the ids it held a lease for, the ones it extends). The scheduler's `start`
+`result.held`: the ids it held a lease for, the ones it extends) and `handshake` (a
+worker's NIXL handshake with a remote engine, `_nixl_handshake`, stamped at its end, on
+the handshake thread: `result.remote_engine`, `result.ok`, `result.started_ns`, and
+`result.error` where it raised: vLLM then logs handshake_setup_failed and fails the
+requests waiting on it; since 2026-12-05). The scheduler's `start`
 event describes the deployment (`result.connector`, `children`: MultiConnector's children
 in their order, `tp`, `pp`, `pcp`, `async_scheduling`, `vllm`, `lease`: kv_lease_duration
 in s, `kv_load_failure_policy`). Sets of ids are written sorted; lists keep their order.
@@ -54,6 +58,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -106,6 +111,9 @@ class Recorder:
     _seq: int = 0
     _out: IO[str] | None = None
     _broken: bool = False
+    # the handshake event is written from vLLM's handshake thread: one writer at a time,
+    # so `seq` stays the file's order
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _file(self) -> IO[str]:
         if self._out is None:
@@ -116,6 +124,11 @@ class Recorder:
 
     def emit(self, call: str, *, step: int | None = None, reqs: Iterable[object] = (),
              t_ns: int | None = None, **result: Any) -> None:  # fmt: skip
+        with self._lock:
+            self._emit(call, step, reqs, t_ns, result)
+
+    def _emit(self, call: str, step: int | None, reqs: Iterable[object], t_ns: int | None,
+              result: dict[str, Any]) -> None:  # fmt: skip
         if self._broken:
             return
         try:
