@@ -27,6 +27,7 @@
 (*  "fail"     D's scheduler processed r's failed receive of a READ it     *)
 (*             posted (the READ failed, silently, while P lived; or D had  *)
 (*             finished r and another D rank failed)                       *)
+(*  "hs"       D's handshake with the producer succeeded (the first to)    *)
 (*  "hb"       a heartbeat naming the requests in `names` (D's tracked     *)
 (*             ones): swallowed by the pending handshake, or sent and lost  *)
 (*             at the producer ranks in `lost` (no _handle_heartbeat)       *)
@@ -41,6 +42,7 @@ CONSTANTS
               \* inside the tick, and the processes' reports, are not modelled)
     MaxNow,   \* the last recorded tick + Slack: the clock stops there
     HbSeen,   \* the recording has heartbeat events (else heartbeats are silent)
+    HsSeen,   \* the recording has D's handshakes (else the handshake ends silently)
     SubTick   \* deadlines fall inside ticks (kvspec: TRUE; FALSE only as a control)
 
 \* Named logIdx, not i: TLC resolves the bound i of KVCompletion's StepToRun to a
@@ -106,6 +108,9 @@ Match(e) ==
       [] e.a = "fail" ->
             /\ consumer_fail(e.r)
             /\ UNCHANGED arrived
+      [] e.a = "hs" ->
+            /\ handshake_done
+            /\ UNCHANGED arrived
       [] e.a = "hb" ->
             \* the requests it names are those D tracks: D's heartbeat_by_engine, from
             \* on_new_request to request_finished or the processed finished_recving
@@ -142,7 +147,7 @@ Silent ==
     \/ \E r \in Reqs, w \in Ranks :
           \/ consumer_read_done(r, w) \/ consumer_get_finished(r, w) \/ store_complete(r, w)
           \/ consumer_read_fails(r, w)
-    \/ handshake_done
+    \/ ~HsSeen /\ handshake_done
     \/ ~HbSeen /\ heartbeat
     \/ SubTick /\ \E w \in Ranks, r \in Reqs : deadline_passes(w, r)
 

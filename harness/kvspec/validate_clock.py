@@ -85,6 +85,7 @@ def constants(cm: ClockMapped, variant: str, sub_tick: bool = True) -> dict[str,
         "ReadFails": _bool(any(e.a == "fail" for e in cm.log)),
         "ShipLate": "TRUE", "Slack": str(SLACK),
         "MaxNow": str(cm.max_t + SLACK), "HbSeen": _bool(cm.hb_recorded),
+        "HsSeen": _bool(cm.hs_recorded),
         "SubTick": _bool(sub_tick),
     }  # fmt: skip
     return c

@@ -3,7 +3,9 @@ recorded heartbeat names are the ones KVClock says D tracks (`Tracked`), from it
 add_request to its request_finished or its processed finished_recving. A client abort on
 D (pd-handshake-fail-abort: request 2 aborted while D waited for its KV) ends request 2's
 heartbeats at D's request_finished (`pull_scheduler.py:215-217`), which the clock maps as
-`finish`; without it, the next heartbeat names a request the model says D still tracks."""
+`finish`; without it, the next heartbeat names a request the model says D still tracks.
+Where the recorder wrote D's handshake (since 2026-12-05), the handshake ends at its
+event, and a heartbeat that went out before it is unexplained."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from kvspec.record.clock_mapping import map_clock
-from kvspec.record.log import read_dir
+from kvspec.record.log import Event, read_dir
 from kvspec.validate_clock import check_clock
 
 RUN = Path(__file__).resolve().parents[2] / "conformance" / "recorded" / "pd-handshake-fail-abort"
@@ -47,5 +49,51 @@ def test_negative_control_without_the_finish_the_next_heartbeat_is_unexplained(
     at = next(n for n, e in enumerate(doctored.log) if e.a == "hb" and n >= fin)
     v = check_clock(doctored, "v0.30-shipped", tmp_path)
     if v.design.verdict == "inconclusive":  # TLC timed out twice (a loaded machine)
+        pytest.skip(f"inconclusive: {v.design.detail}")
+    assert (v.design.verdict, v.design.explained) == ("rejected", at)
+
+
+SHM = RUN.parent / "queued-heartbeats-shm-recheck"  # first heartbeat swallowed, then sent
+
+
+def _with_handshake_at(t_ns: int) -> list[Event]:
+    """The recording with D's handshake with P ending at `t_ns` (the recorder's
+    `handshake` event, which this run predates)."""
+    events = read_dir(SHM)
+    d = next(e for e in events if e.engine == "D" and e.role == "worker")
+    ok = {"remote_engine": "P", "ok": True, "started_ns": 0}
+    hs = dataclasses.replace(d, seq=10**6, t_ns=t_ns, call="handshake", reqs=(), result=ok)
+    return sorted([*events, hs], key=lambda e: (e.t_ns, e.pid, e.seq))
+
+
+def _sends() -> list[int]:
+    return [e.t_ns for e in read_dir(SHM) if e.call == "heartbeat_send" and e.engine == "D"]
+
+
+def test_a_recorded_handshake_ends_between_the_swallowed_and_the_first_sent_heartbeat(
+    tmp_path: Path,
+) -> None:
+    sends = _sends()
+    cm = map_clock(_with_handshake_at((sends[0] + sends[1]) // 2))
+    assert cm.hs_recorded and [e.a for e in cm.log if e.a in ("hs", "hb")][:3] == [
+        "hb", "hs", "hb"]  # fmt: skip
+    v = check_clock(cm, "v0.30-shipped", tmp_path)
+    if v.design.verdict == "inconclusive":  # TLC timed out twice (a loaded machine)
+        pytest.skip(f"inconclusive: {v.design.detail}")
+    assert (v.design.verdict, v.design.explained) == ("admitted", len(cm.log))
+
+
+def test_negative_control_a_heartbeat_sent_before_the_handshake_ended_is_unexplained(
+    tmp_path: Path,
+) -> None:
+    """The handshake's end moved after the second heartbeat, which went out: KVClock's D
+    sends nothing while its handshake is pending (`_send_heartbeats` ->
+    `_ensure_handshake`), so that heartbeat has no explanation."""
+    sends = _sends()
+    cm = map_clock(_with_handshake_at(sends[1] + 1))
+    at = [n for n, e in enumerate(cm.log) if e.a == "hb"][1]
+    assert not cm.log[at].swallow
+    v = check_clock(cm, "v0.30-shipped", tmp_path)
+    if v.design.verdict == "inconclusive":
         pytest.skip(f"inconclusive: {v.design.detail}")
     assert (v.design.verdict, v.design.explained) == ("rejected", at)

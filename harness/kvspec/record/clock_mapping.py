@@ -59,6 +59,8 @@ class ClockEvent:
     source: Event | None = field(default=None, compare=False)
 
     def describe(self) -> str:
+        if self.a == "hs":
+            return f"t={self.t} D's handshake with the producer done"
         if self.a == "hb":
             what = "swallowed" if self.swallow else f"lost at {sorted(self.lost)}"
             return f"t={self.t} heartbeat {list(self.names)} {what}"
@@ -79,6 +81,9 @@ class ClockMapped:
     # the recording records heartbeats (hb_recorded): a heartbeat not in the log was not
     # sent; False: heartbeats are silent steps (a recording from before the recorder)
     hb_recorded: bool = True
+    # the recording records D's handshakes (records_handshakes): the handshake ends at
+    # its "hs" event only; False: it ends silently, any time
+    hs_recorded: bool = False
 
     @property
     def heartbeats(self) -> int:
@@ -294,6 +299,25 @@ def _receives(e: Event, failed: set[str], read_ids: set[str], finished: set[str]
     return out
 
 
+def _handshake(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]]:
+    """D's handshake with the producer ending (the recorder's `handshake`, ok, since
+    2026-12-05): KVClock's handshake_done, observed instead of silent. The first that
+    succeeded, of any decode worker: from then a D rank's heartbeats go out (a rank whose
+    own handshake failed, d-tp2-split-handshake, is one the message did not reach). None
+    where the first heartbeat went out (no handshake pending in KVClock: a READ's
+    handshake ended before it)."""
+    done = [e for e in events if e.engine in m.consumers and e.call == "handshake"
+            and e.result.get("ok") is True
+            and e.result.get("remote_engine") == m.producer]  # fmt: skip
+    return [(done[0], ClockEvent("hs", source=done[0]))] if done else []
+
+
+def records_handshakes(events: list[Event], m: Mapped) -> bool:
+    """Whether the recorder wrote the decode workers' handshakes (since 2026-12-05): then
+    the handshake ends only where the log says."""
+    return any(e.engine in m.consumers and e.call == "handshake" for e in events)
+
+
 def _key(e: Event) -> tuple[int, int, int]:
     return (e.t_ns, e.pid, e.seq)
 
@@ -360,7 +384,10 @@ def map_clock(events: list[Event], lease_s: int | None = None, producer: str | N
             continue
         ev = ClockEvent(e.a, e.r, e.w, 0, e.batch, e.out, e.freed, e.fin, source=e.source)
         placed.append((_key(e.source), n, ev))
-    extra = _decode_events(events, m) + _heartbeats(events, m)
+    hbs_placed = _heartbeats(events, m)
+    first_swallowed = bool(hbs_placed) and hbs_placed[0][1].swallow
+    extra = _decode_events(events, m) + hbs_placed
+    extra += _handshake(events, m) if first_swallowed else []
     placed += [(_key(at), len(base) + i, ev) for i, (at, ev) in enumerate(extra)]
     placed.sort(key=lambda x: (x[0], x[1]))
     tick_ns = lease * 1_000_000_000 / TICKS_PER_LEASE
@@ -370,4 +397,5 @@ def map_clock(events: list[Event], lease_s: int | None = None, producer: str | N
     hbs = [e for e in kept if e.a == "hb"]
     hb_recorded = bool(hbs) or _records_heartbeats(events, m)
     return ClockMapped(m, lease, kept, bool(hbs) and hbs[0].swallow, dropped | m.cut_steps,
-                       steps_holding_events(log), hb_recorded)  # fmt: skip
+                       steps_holding_events(log), hb_recorded,
+                       records_handshakes(events, m))  # fmt: skip
