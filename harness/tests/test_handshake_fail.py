@@ -134,7 +134,11 @@ def test_the_clock_maps_it_as_d_abandoning_both_requests() -> None:
 # TLC's run (14 s) in make test-full; the mapping above and the control below in make test
 @pytest.mark.slow
 def test_the_clock_admits_it_with_d_abandoning_both_requests(tmp_path: Path) -> None:
-    cm = map_clock(_events())
+    _clock_admits_it_reads_safe(_events(), tmp_path)
+
+
+def _clock_admits_it_reads_safe(events: list[Event], tmp_path: Path) -> None:
+    cm = map_clock(events)
     v = check_clock(cm, "v0.30-shipped", tmp_path)
     _decided(v.design.verdict, v.design.detail)
     assert (v.design.verdict, v.design.explained, v.safe) == ("admitted", len(cm.log), "safe")
@@ -228,10 +232,7 @@ def test_the_clock_maps_the_split_run_as_d_finishing_both_then_its_failed_receiv
 
 
 def test_the_clock_admits_the_split_run_reads_safe(tmp_path: Path) -> None:
-    cm = map_clock(read_dir(SPLIT))
-    v = check_clock(cm, "v0.30-shipped", tmp_path)
-    _decided(v.design.verdict, v.design.detail)
-    assert (v.design.verdict, v.design.explained, v.safe) == ("admitted", len(cm.log), "safe")
+    _clock_admits_it_reads_safe(read_dir(SPLIT), tmp_path)
 
 
 def test_negative_control_p_freeing_before_the_split_runs_reads_is_rejected(
