@@ -231,6 +231,8 @@ def test_the_clock_maps_the_split_run_as_d_finishing_both_then_its_failed_receiv
                   ("fail", 2)]  # fmt: skip
 
 
+# the admitted side (TLC, 7 s) in make test-full; the mapping and the control in make test
+@pytest.mark.slow
 def test_the_clock_admits_the_split_run_reads_safe(tmp_path: Path) -> None:
     _clock_admits_it_reads_safe(read_dir(SPLIT), tmp_path)
 
