@@ -13,9 +13,9 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from clock_checks import assert_admitted_reads_safe, assert_rejected_at
 from kvspec.record.clock_mapping import map_clock
 from kvspec.record.log import Event, read_dir
-from kvspec.validate_clock import check_clock
 
 RUN = Path(__file__).resolve().parents[2] / "conformance" / "recorded" / "pd-handshake-fail-abort"
 
@@ -33,10 +33,7 @@ def test_heartbeats_stop_naming_a_request_at_ds_request_finished() -> None:
 @pytest.mark.slow
 def test_the_clock_admits_it_with_the_finish(tmp_path: Path) -> None:
     cm = map_clock(read_dir(RUN))
-    v = check_clock(cm, "v0.30-shipped", tmp_path)
-    if v.design.verdict == "inconclusive":  # TLC timed out twice (a loaded machine)
-        pytest.skip(f"inconclusive: {v.design.detail}")
-    assert (v.design.verdict, v.design.explained, v.safe) == ("admitted", len(cm.log), "safe")
+    assert_admitted_reads_safe(cm, tmp_path)
 
 
 def test_negative_control_without_the_finish_the_next_heartbeat_is_unexplained(
@@ -49,10 +46,7 @@ def test_negative_control_without_the_finish_the_next_heartbeat_is_unexplained(
     fin = next(n for n, e in enumerate(cm.log) if e.a == "finish")
     doctored = dataclasses.replace(cm, log=[e for e in cm.log if e.a != "finish"])
     at = next(n for n, e in enumerate(doctored.log) if e.a == "hb" and n >= fin)
-    v = check_clock(doctored, "v0.30-shipped", tmp_path)
-    if v.design.verdict == "inconclusive":  # TLC timed out twice (a loaded machine)
-        pytest.skip(f"inconclusive: {v.design.detail}")
-    assert (v.design.verdict, v.design.explained) == ("rejected", at)
+    assert_rejected_at(doctored, at, tmp_path)
 
 
 SHM = RUN.parent / "queued-heartbeats-shm-recheck"  # first heartbeat swallowed, then sent
@@ -81,10 +75,7 @@ def test_a_recorded_handshake_ends_between_the_swallowed_and_the_first_sent_hear
     cm = map_clock(_with_handshake_at((sends[0] + sends[1]) // 2))
     assert cm.hs_recorded and [e.a for e in cm.log if e.a in ("hs", "hb")][:3] == [
         "hb", "hs", "hb"]  # fmt: skip
-    v = check_clock(cm, "v0.30-shipped", tmp_path)
-    if v.design.verdict == "inconclusive":  # TLC timed out twice (a loaded machine)
-        pytest.skip(f"inconclusive: {v.design.detail}")
-    assert (v.design.verdict, v.design.explained) == ("admitted", len(cm.log))
+    assert_admitted_reads_safe(cm, tmp_path)
 
 
 def test_negative_control_a_heartbeat_sent_before_the_handshake_ended_is_unexplained(
@@ -97,10 +88,7 @@ def test_negative_control_a_heartbeat_sent_before_the_handshake_ended_is_unexpla
     cm = map_clock(_with_handshake_at(sends[1] + 1))
     at = [n for n, e in enumerate(cm.log) if e.a == "hb"][1]
     assert not cm.log[at].swallow
-    v = check_clock(cm, "v0.30-shipped", tmp_path)
-    if v.design.verdict == "inconclusive":
-        pytest.skip(f"inconclusive: {v.design.detail}")
-    assert (v.design.verdict, v.design.explained) == ("rejected", at)
+    assert_rejected_at(cm, at, tmp_path)
 
 
 # kvspec scenario pd-decode-abort recorded 2026-12-05 with the recorder's handshake events
@@ -119,10 +107,7 @@ def test_a_real_handshake_ends_after_the_swallowed_heartbeat_and_before_the_read
 def test_the_clock_admits_the_real_handshake_run(tmp_path: Path) -> None:
     cm = map_clock(read_dir(HS_RUN))
     assert cm.hs_recorded
-    v = check_clock(cm, "v0.30-shipped", tmp_path)
-    if v.design.verdict == "inconclusive":  # TLC timed out twice (a loaded machine)
-        pytest.skip(f"inconclusive: {v.design.detail}")
-    assert (v.design.verdict, v.design.explained, v.safe) == ("admitted", len(cm.log), "safe")
+    assert_admitted_reads_safe(cm, tmp_path)
 
 
 def test_negative_control_a_read_before_the_recorded_handshake_ended_is_unexplained(
@@ -136,7 +121,4 @@ def test_negative_control_a_read_before_the_recorded_handshake_ended_is_unexplai
                     for e in events), key=lambda e: (e.t_ns, e.pid, e.seq))  # fmt: skip
     cm = map_clock(moved)
     at = next(n for n, e in enumerate(cm.log) if e.a == "read")
-    v = check_clock(cm, "v0.30-shipped", tmp_path)
-    if v.design.verdict == "inconclusive":
-        pytest.skip(f"inconclusive: {v.design.detail}")
-    assert (v.design.verdict, v.design.explained) == ("rejected", at)
+    assert_rejected_at(cm, at, tmp_path)

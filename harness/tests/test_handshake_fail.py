@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clock_checks import assert_admitted_reads_safe, assert_rejected_at
 from kvspec.record.clock_mapping import map_clock
 from kvspec.record.decode_mapping import map_decode
 from kvspec.record.doctored import free_before_read
@@ -138,10 +139,7 @@ def test_the_clock_admits_it_with_d_abandoning_both_requests(tmp_path: Path) -> 
 
 
 def _clock_admits_it_reads_safe(events: list[Event], tmp_path: Path) -> None:
-    cm = map_clock(events)
-    v = check_clock(cm, "v0.30-shipped", tmp_path)
-    _decided(v.design.verdict, v.design.detail)
-    assert (v.design.verdict, v.design.explained, v.safe) == ("admitted", len(cm.log), "safe")
+    assert_admitted_reads_safe(map_clock(events), tmp_path)
 
 
 def test_negative_control_tick_aligned_deadlines_reap_both_leases_in_one_step(
@@ -243,7 +241,4 @@ def test_negative_control_p_freeing_before_the_split_runs_reads_is_rejected(
     """P's free of request 1 moved to just before rank 0's READ of it (28 s before its
     lease ran out, with no notification yet): nothing explains it."""
     cm = map_clock(free_before_read(read_dir(SPLIT), "P", "p0-80b1639c"))
-    at = next(n for n, e in enumerate(cm.log) if e.freed)
-    v = check_clock(cm, "v0.30-shipped", tmp_path)
-    _decided(v.design.verdict, v.design.detail)
-    assert (v.design.verdict, v.design.explained) == ("rejected", at)
+    assert_rejected_at(cm, next(n for n, e in enumerate(cm.log) if e.freed), tmp_path)
