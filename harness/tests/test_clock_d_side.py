@@ -10,6 +10,7 @@ event, and a heartbeat that went out before it is unexplained."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -96,7 +97,12 @@ HS_RUN = RUN.parent / "pd-decode-abort-handshake"
 
 
 def test_a_real_handshake_ends_after_the_swallowed_heartbeat_and_before_the_reads() -> None:
-    log = map_clock(read_dir(HS_RUN)).log
+    events = read_dir(HS_RUN)
+    hs = next(e for e in events if e.call == "handshake")
+    took = round((hs.t_ns - int(hs.result["started_ns"])) / 1e9, 3)
+    assert hs.result["ok"] and took == json.loads((HS_RUN / "expect.json").read_text())[
+        "clock"]["handshake_s"]  # fmt: skip
+    log = map_clock(events).log
     order = [e.a for e in log if e.a in ("hb", "hs", "read", "finish")]
     assert order[:2] == ["hb", "finish"] and order[2] == "hs" and set(order[3:]) == {"read"}
     assert log[[e.a for e in log].index("hb")].swallow
