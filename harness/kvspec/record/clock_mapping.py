@@ -70,6 +70,10 @@ class ClockEvent:
         return f"t={self.t} {base.describe()}"
 
 
+# each clock event with the recorded event where it takes effect (its place in the log)
+Placed = list[tuple[Event, ClockEvent]]
+
+
 @dataclass
 class ClockMapped:
     base: Mapped
@@ -143,7 +147,7 @@ def _d_heartbeats(events: list[Event], m: Mapped) -> list[list[Event]]:
     return groups
 
 
-def _heartbeats(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]]:
+def _heartbeats(events: list[Event], m: Mapped) -> Placed:
     """(the recorded event where it takes effect, the spec heartbeat) per D heartbeat:
     swallowed where no D rank's send went out (every rank's handshake pending), else lost
     at the producer ranks none of its sends reached. Receipts carry the payload, not the
@@ -161,7 +165,7 @@ def _heartbeats(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]
             if not (others and set(e.reqs).isdisjoint(m.requests)):
                 recvs[e.rank].append(e)
     nxt: dict[int, int] = defaultdict(int)
-    out: list[tuple[Event, ClockEvent]] = []
+    out: Placed = []
     groups = _d_heartbeats(events, m)
     sends_to: dict[int, int] = defaultdict(int)  # producer rank -> messages D sent it
     payloads_to: dict[int, set[frozenset[str]]] = defaultdict(set)
@@ -197,7 +201,7 @@ def _heartbeats(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]
     return out
 
 
-def _decode_events(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]]:
+def _decode_events(events: list[Event], m: Mapped) -> Placed:
     """D's add_request of a P/D request, its request_finished before the receive was
     processed (heartbeats stop there), and its scheduler's processed finished_recving.
     A decode request is the producer's request its add_request names, or (a recording
@@ -267,8 +271,6 @@ def _finished_inside_update(events: list[Event], m: Mapped) -> set[tuple[str, in
     return out
 
 
-Placed = list[tuple[Event, ClockEvent]]
-
 
 def _receives(e: Event, failed: set[str], read_ids: set[str], finished: set[str],
               p_end: int, r_of: Callable[[str], int | None]) -> Placed:  # fmt: skip
@@ -299,7 +301,7 @@ def _receives(e: Event, failed: set[str], read_ids: set[str], finished: set[str]
     return out
 
 
-def _handshake(events: list[Event], m: Mapped) -> list[tuple[Event, ClockEvent]]:
+def _handshake(events: list[Event], m: Mapped) -> Placed:
     """D's handshake with the producer ending (the recorder's `handshake`, ok, since
     2026-12-05): KVClock's handshake_done, observed instead of silent. The first that
     succeeded, of any decode worker: from then a D rank's heartbeats go out (a rank whose
