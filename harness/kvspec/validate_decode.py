@@ -26,7 +26,7 @@ from kvspec.validate import (
 )
 
 TRACE_SPEC = DECODE.spec.parent / "DecodeTrace.tla"
-SHOWN_DECODE = ("st", "fRecv", "steps", "reg", "xf", "h", "rem", "hsd", "hsq", "rdy")
+SHOWN_DECODE = ("st", "fRecv", "steps", "reg", "xf", "h", "rem", "hsd", "hsq", "rdy", "hsRec")
 CHILDREN = {(): "nixl", ("ExampleConnector",): "multi-nixl-example",
             ("LMCacheMPConnector",): "multi-nixl-lmcache"}  # fmt: skip
 
@@ -66,6 +66,8 @@ def constants(m: DecodeMapped, bug: str) -> dict[str, str]:
         "SplitCallbacks": "TRUE",
         # read only by Spec's fairness, which a trace's check does not use
         "ProducerHangs": "FALSE", "ReadDeadline": "FALSE",
+        # the recorder wrote D's handshakes: each ends only where the log says
+        "HsSeen": "TRUE" if m.hs_recorded else "FALSE",
         # D's pool in requests (decode_mapping.d_capacity); unknown: every request fits
         "TraceCap": str(m.capacity or max(1, len(m.requests))),
     }  # fmt: skip
@@ -86,7 +88,8 @@ def _seq(xs: tuple[frozenset[Any], ...], world: int) -> str:
 def _record(e: DecodeEvent, world: int) -> str:
     return (f'[a |-> "{e.a}", r |-> {e.r}, batch |-> {_set(e.batch)}, '
             f"out |-> {_seq(e.out, world)}, fail |-> {_seq(e.fail, world)}, "
-            f"reads |-> {_seq(e.reads, world)}, recv |-> {_set(e.recv)}]")  # fmt: skip
+            f"reads |-> {_seq(e.reads, world)}, recv |-> {_set(e.recv)}, w |-> {e.w}, "
+            f"ok |-> {'TRUE' if e.ok else 'FALSE'}]")  # fmt: skip
 
 
 def trace_module(m: DecodeMapped) -> str:

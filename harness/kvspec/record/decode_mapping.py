@@ -38,9 +38,14 @@ class DecodeEvent:
     fail: tuple[frozenset[int], ...] = ()
     reads: tuple[frozenset[tuple[int, int]], ...] = ()
     recv: frozenset[int] = frozenset()
+    w: int = 0  # "hs": the D worker's rank
+    ok: bool = True  # "hs": the handshake succeeded
     source: Event | None = field(default=None, compare=False)
 
     def describe(self) -> str:
+        if self.a == "hs":
+            outcome = "done" if self.ok else "failed"
+            return f"D rank {self.w}'s handshake with the producer {outcome}"
         if self.a in ("arrive", "abort", "complete"):
             return f"{self.a} r={self.r}"
         if self.a == "schedule":
@@ -71,6 +76,7 @@ class DecodeMapped:
     # D's pool in requests as recorded (d_capacity); None: unknown, every request fits
     capacity: int | None = None
     held_steps: set[int] = field(default_factory=set)  # steps_holding_events: kept
+    hs_recorded: bool = False  # the recorder wrote D's handshakes: DecodeTrace's HsSeen
 
 
 def _takers(events: list[Event]) -> dict[str, set[str]]:
@@ -108,15 +114,21 @@ def producers_of(events: list[Event], d: str) -> list[str]:
     return sorted(p_engines | (_takers(events).get(d, set()) - {""}))
 
 
-def _producer_world(events: list[Event], d: str, producer: str | None) -> int:
-    reads = [e for e in events if e.engine == d and e.call == "read"
-             and e.result.get("remote_engine", producer) == producer]  # fmt: skip
+def _producer(events: list[Event], d: str, producer: str | None) -> str:
+    """The one producer engine whose requests are the spec's ("" where the recording
+    predates `remote_engine`)."""
     p_engines = [producer] if producer is not None else producers_of(events, d)
     if len(p_engines) != 1:
         raise MappingError(f"decode engine {d} read from {len(p_engines)} producer engines "
                            f"({', '.join(p_engines)}): pass --producer NAME (Decode.tla "
                            "has one: each producer's requests are validated apart)")  # fmt: skip
-    p = p_engines.pop()
+    return p_engines[0]
+
+
+def _producer_world(events: list[Event], d: str, producer: str | None) -> int:
+    reads = [e for e in events if e.engine == d and e.call == "read"
+             and e.result.get("remote_engine", producer) == producer]  # fmt: skip
+    p = _producer(events, d, producer)
     start = next((e.result for e in events if e.engine == p and e.call == "start"), None)
     if start is not None:
         return int(start.get("tp", 1))
@@ -194,9 +206,12 @@ def map_decode(events: list[Event], engine: str | None = None,
 
     log: list[DecodeEvent] = []
     arrived: set[int] = set()
+    p = _producer(events, d, producer)
     for e in events:
         if (e.pid, e.seq) in exec_at:
             log.append(exec_at[(e.pid, e.seq)])
+        if _is_handshake(e, d, p):
+            log.append(DecodeEvent("hs", w=e.rank, ok=bool(e.result.get("ok")), source=e))
         if e.engine != d or e.role != "scheduler":
             continue
         if e.call == "add_request" and e.reqs and e.reqs[0] in reqs:
@@ -214,7 +229,15 @@ def map_decode(events: list[Event], engine: str | None = None,
     kept, dropped = _drop_idle(log)
     return DecodeMapped(d, world, _producer_world(events, d, producer), reqs, dict(start),
                         kept, dropped, d_capacity(sched, reqs, log),
-                        steps_holding_events(log))  # fmt: skip
+                        steps_holding_events(log),
+                        any(_is_handshake(e, d, None) for e in events))  # fmt: skip
+
+
+def _is_handshake(e: Event, d: str, producer: str | None) -> bool:
+    """A `handshake` event of decode engine d's workers (with `producer` where given: a
+    D of several producers handshakes with each, and only this one's is the spec's)."""
+    return (e.engine == d and e.role == "worker" and e.call == "handshake"
+            and producer in (None, str(e.result.get("remote_engine", ""))))  # fmt: skip
 
 
 def _failed(report: Event, errored: frozenset[str]) -> frozenset[str]:
