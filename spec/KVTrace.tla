@@ -6,11 +6,11 @@
 (* event is explained by exactly one spec action with the observed        *)
 (* parameters and outcomes, or is an observation that changes nothing.     *)
 (* What the recording cannot see happens silently, as often as needed:    *)
-(* READ completion and its notification, heartbeats, lease expiry, store  *)
-(* completion.  The run is a behaviour iff a state with logIdx = Len(Log) is    *)
-(* reachable: TraceUnfinished is then violated, and its counterexample is  *)
-(* the behaviour.  Otherwise the largest logIdx reached names the first event  *)
-(* no spec step explains.                                                  *)
+(* READ completion and its notification, a push WRITE's completion,       *)
+(* heartbeats, lease expiry, store completion.  The run is a behaviour iff *)
+(* a state with logIdx = Len(Log) is reachable: TraceUnfinished is then    *)
+(* violated, and its counterexample is the behaviour.  Otherwise the       *)
+(* largest logIdx reached names the first event no spec step explains.     *)
 (*                                                                         *)
 (* Log records: [a, r, w, batch, out, freed, fin]; a is one of            *)
 (*  "arrive"   Scheduler.add_request(r)                                   *)
@@ -25,6 +25,9 @@
 (*             (D TP > P TP: each D rank READs its KV heads; see Match)    *)
 (*  "recv"     the decode worker reports r in finished_recving (READ      *)
 (*             posted: see Match)                                          *)
+(*  "write"    push: producer rank w's writer thread posts r's WRITE       *)
+(*             (push_worker.py _xfer_blocks); silent where no write is     *)
+(*             recorded                                                    *)
 (***************************************************************************)
 EXTENDS KVCompletion
 
@@ -81,6 +84,9 @@ Match(e) ==
             \* it (P may have freed r: #56033's count) is explained by no step.
             /\ rd[e.r][e.w] = "inflight"
             /\ UNCHANGED <<vars, arrived>>
+      [] e.a = "write" ->
+            /\ push_write(e.r, e.w)
+            /\ UNCHANGED arrived
       [] e.a = "recv" ->
             \* KVCompletion's consumer_get_finished is the READ's completion and its
             \* notification reaching the producer rank, fused.  A real decode worker
@@ -90,10 +96,14 @@ Match(e) ==
             /\ \E w \in Ranks : rd[e.r][w] # "none"
             /\ UNCHANGED <<vars, arrived>>
 
+\* The recording has the producer's WRITEs (push, recorded since 2026-12-05): a WRITE is
+\* posted only where the log says.
+WritesSeen == \E k \in 1 .. Len(Log) : Log[k].a = "write"
+
 \* Actions the recording does not see.
 Silent ==
     \/ \E r \in Reqs, w \in Ranks : consumer_get_finished(r, w)
-    \/ \E r \in Reqs, w \in Ranks : push_write(r, w)
+    \/ ~WritesSeen /\ \E r \in Reqs, w \in Ranks : push_write(r, w)
     \/ \E r \in Reqs, w \in Ranks : push_write_done(r, w)
     \/ \E r \in Reqs : heartbeat(r)
     \/ \E r \in Reqs, w \in Ranks : lease_expire(r, w)

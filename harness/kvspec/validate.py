@@ -29,6 +29,7 @@ from kvspec.record.mapping import (
     SpecEvent,
     engines_of,
     map_recording,
+    transfer,
     validation_sides,
 )
 from kvspec.statgraph import parse_dot
@@ -72,7 +73,7 @@ def composition(start: dict[str, object]) -> str:
     """KVCompletion's Composition for the recorded connector (MappingError otherwise)."""
     conn = str(start.get("connector", "NixlConnector"))
     children = children_of(start)
-    if conn == "NixlConnector":
+    if conn in ("NixlConnector", "NixlPushConnector"):
         return "nixl"
     if conn == "MultiConnector" and children[:1] == ["NixlConnector"]:
         rest = children[1:]
@@ -101,7 +102,7 @@ def row_for(m: Mapped, variant: str) -> ModelRow:
     return ModelRow(
         name=f"recorded-{variant}", variant=variant, composition=composition(s),
         topology=topo, requests=n, capacity=cap,
-        async_scheduling=bool(s.get("async_scheduling", False)),
+        async_scheduling=bool(s.get("async_scheduling", False)), transfer=transfer(s),
     )  # fmt: skip
 
 

@@ -34,6 +34,10 @@ CHILDREN = {(): "nixl", ("ExampleConnector",): "multi-nixl-example",
 def composition(start: dict[str, object]) -> str:
     conn = str(start.get("connector", "NixlConnector"))
     kids = tuple(children_of(start))
+    if conn == "NixlPushConnector":
+        raise MappingError("push mode (NixlPushConnector): Decode.tla models a pulling D "
+                           "(READs, handshake, notifications), not one that registers its "
+                           "blocks and waits for P's WRITEs")  # fmt: skip
     if conn == "NixlConnector":
         return "nixl"
     if conn == "MultiConnector" and kids[:1] == ("NixlConnector",) and kids[1:] in CHILDREN:

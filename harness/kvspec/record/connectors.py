@@ -1,5 +1,6 @@
-"""Recording connectors: vLLM's own NixlConnector and MultiConnector under their own
-names, each call passed through unchanged and logged (kvspec.record.log).
+"""Recording connectors: vLLM's own NixlConnector, NixlPushConnector (0.32+) and
+MultiConnector under their own names, each call passed through unchanged and logged
+(kvspec.record.log).
 
 Use: `kv_transfer_config = {"kv_connector": "NixlConnector", "kv_connector_module_path":
 "kvspec.record.connectors", ...}` and `KVSPEC_RECORD_DIR=DIR` in the engine's
@@ -31,6 +32,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (
 
 from kvspec.drivers.vllm_adapters import recv_blocks
 from kvspec.record.log import DIR_ENV, Recorder
+
+try:  # push mode: vLLM 0.32+ (nixl/connector.py NixlPushConnector)
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (
+        NixlPushConnector as _VllmPush,
+    )
+except ImportError:  # an older vLLM: no push connector to record
+    _VllmPush = None
 
 _PATCHED = "_kvspec_recording"
 
@@ -181,10 +189,11 @@ def _lease(connector: Any) -> int | None:
 
 
 def _nixl_worker(connector: Any) -> Any:
-    """The NixlConnectorWorker under this connector or under one of its children."""
+    """The NIXL connector worker (pull: `_read_blocks`; push: `_xfer_blocks`) under this
+    connector or under one of its children."""
     for c in [connector, *getattr(connector, "_connectors", ())]:
         w = getattr(c, "connector_worker", None)
-        if w is not None and hasattr(w, "_read_blocks"):
+        if w is not None and (hasattr(w, "_read_blocks") or hasattr(w, "_xfer_blocks")):
             return w
     return None
 
@@ -220,6 +229,9 @@ def _wrap_reads(connector: Any, rec: Recorder) -> None:
     """Record each READ the NIXL worker posts (pull_worker.py:_read_blocks(read_spec,
     dst_engine_id, request_id, remote_request_id, ...)); absent in a vLLM without it."""
     worker = _nixl_worker(connector)
+    if worker is not None and hasattr(worker, "_xfer_blocks"):
+        _wrap_writes(worker, rec)
+        return
     if worker is None:
         rec.emit("recorder_note", note="no NIXL _read_blocks: READs not recorded")
         return
@@ -239,6 +251,28 @@ def _wrap_reads(connector: Any, rec: Recorder) -> None:
         return out
 
     worker._read_blocks = read_blocks
+
+
+def _wrap_writes(worker: Any, rec: Recorder) -> None:
+    """Push mode: record each WRITE a producer worker posts (push_worker.py
+    `_xfer_blocks(read_spec, dst_engine_id, request_id, remote_request_id, ...)`, called on
+    the `nixl-push-writer` thread as `self._xfer_blocks`, so an instance attribute
+    intercepts it). `posted`: a handle came back (None: nothing submitted, or the
+    submission failed and vLLM released it)."""
+    real = worker._xfer_blocks
+
+    @functools.wraps(real)
+    def xfer_blocks(read_spec: Any, dst_engine_id: Any, request_id: Any,
+                    remote_request_id: Any, *args: Any, **kwargs: Any) -> Any:  # fmt: skip
+        # stamped at entry, as a READ: the WRITE can complete before the call returns
+        t_ns = time.monotonic_ns()
+        out = real(read_spec, dst_engine_id, request_id, remote_request_id, *args, **kwargs)
+        rec.emit("write", reqs=[request_id], t_ns=t_ns, remote_request_id=str(remote_request_id),
+                 remote_rank=int(getattr(read_spec, "remote_rank", -1)),
+                 remote_engine=str(dst_engine_id), posted=out is not None)  # fmt: skip
+        return out
+
+    worker._xfer_blocks = xfer_blocks
 
 
 def _notify_only(read_spec: Any) -> bool | None:
@@ -434,3 +468,9 @@ class NixlConnector(_Recording, _VllmNixl):  # type: ignore[misc]
 
 class MultiConnector(_Recording, _VllmMulti):  # type: ignore[misc]
     """vLLM's MultiConnector, recorded (its children are vLLM's own)."""
+
+
+if _VllmPush is not None:
+
+    class NixlPushConnector(_Recording, _VllmPush):  # type: ignore[misc]
+        """vLLM's NixlPushConnector, recorded (push mode: the producer WRITEs)."""

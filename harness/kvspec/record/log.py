@@ -38,6 +38,10 @@ receives registered on the rank, then or at its last report, that hold one of th
 `read` (a NIXL READ posted:
 `result.remote_request_id`, `result.remote_rank`, `result.notify_only`: it had no local
 block, so it only notified the producer: a full hit or an aborted request's cleanup),
+`write` (push mode, a producer worker's NIXL WRITE posted by its writer thread,
+`_xfer_blocks`, stamped at entry: `reqs` the producer's id, `result.remote_request_id`,
+`result.remote_rank`: the decode rank written to, `result.remote_engine`, `result.posted`:
+a handle came back; since 2026-12-05),
 `heartbeat_send` (a decode worker's
 `_send_heartbeats` for one producer engine, stamped at entry: `reqs` the producer's ids,
 `result.remote_engine`, `result.sent` / `result.failed`: producer ranks whose "HB:" message

@@ -38,9 +38,9 @@ class SpecEvent:
 
     def describe(self) -> str:
         parts = [self.a]
-        if self.a in ("arrive", "abort", "read", "coread", "recv"):
+        if self.a in PER_REQUEST:
             parts.append(f"r={self.r}")
-        if self.a in ("read", "coread"):
+        if self.a in ("read", "coread", "write"):
             parts.append(f"w={self.w}")
         if self.a == "schedule":
             parts.append(f"batch={sorted(self.batch)}")
@@ -49,6 +49,25 @@ class SpecEvent:
         if self.a == "update":
             parts.append(f"finished_sending={sorted(self.freed)} fin={sorted(self.fin)}")
         return " ".join(parts)
+
+
+# KVTrace's events about one request (the others are about steps)
+PER_REQUEST = ("arrive", "abort", "read", "coread", "recv", "write")
+
+
+def transfer(start: dict[str, Any]) -> str:
+    """KVCompletion's Transfer: "push" where the recorded connector is NixlPushConnector
+    (the producer WRITEs into D's registered blocks), "pull" otherwise."""
+    return "push" if start.get("connector") == "NixlPushConnector" else "pull"
+
+
+def _pushed_to(events: list[Event], consumers: list[str], producer: str) -> dict[str, str]:
+    """Push mode: each consumer request id -> the producer's, as D's add_request names it
+    (D posts no READ to name it by)."""
+    return {e.reqs[0]: str(e.result["remote_request_id"]) for e in events
+            if e.engine in consumers and e.call == "add_request" and e.reqs
+            and e.result.get("remote_prefill") and "remote_request_id" in e.result
+            and e.result.get("remote_engine", "") in ("", producer)}  # fmt: skip
 
 
 @dataclass
@@ -210,7 +229,9 @@ def map_recording(events: list[Event], *, drop: bool = True, producer: str | Non
         exec_at[(last.pid, last.seq)] = SpecEvent("execute", out=out, source=last)
         k += 1
 
-    d_to_p: dict[str, str] = {}  # a consumer's request id -> the producer's
+    # a consumer's request id -> the producer's (pull: named by its READ)
+    d_to_p = _pushed_to(events, consumers, producer) if transfer(start) == "push" else {}
+    written: set[tuple[str, int]] = set()  # push: (producer request, rank) WRITEs posted
     read_by: dict[tuple[str, int], set[tuple[str, int]]] = {}  # (r, w) -> (engine, D rank)
     log: list[SpecEvent] = []
     finishing: set[int] = set()
@@ -238,6 +259,13 @@ def map_recording(events: list[Event], *, drop: bool = True, producer: str | Non
                 # pd-abort, the abort reached the engine core first)
                 log += [SpecEvent("abort", r=reqs[rid], source=e) for rid in e.reqs
                         if rid in reqs and reqs[rid] in arrived]  # fmt: skip
+        elif e.engine == producer and e.call == "write" and e.result.get("posted", True):
+            # push: rank w's writer thread posted r's WRITE (push_worker.py _xfer_blocks).
+            # KVCompletion has one WRITE per (r, w), done when all its handles are: a
+            # request's WRITEs to several D ranks are that one (the first is the post)
+            if (e.reqs[0], e.rank) not in written:
+                written.add((e.reqs[0], e.rank))
+                log.append(SpecEvent("write", r=r_of(e.reqs[0]), w=e.rank, source=e))
         elif e.engine in consumers and e.role == "worker":
             if e.call == "read" and e.result.get("remote_engine", producer) != producer:
                 continue  # another producer's (xPyD)
@@ -316,7 +344,7 @@ def project_log(log: list[SpecEvent], reqs: dict[str, int], keep: set[str]
 
     out: list[SpecEvent] = []
     for e in log:
-        if e.a in ("arrive", "abort", "read", "coread", "recv"):
+        if e.a in PER_REQUEST:
             if e.r in old_to_new:
                 out.append(replace(e, r=old_to_new[e.r]))
         else:
