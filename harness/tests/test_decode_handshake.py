@@ -43,6 +43,7 @@ def _replaced(events: list[Event], old: Event, new: Event | None) -> list[Event]
     return sorted((e for e in out if e is not None), key=lambda e: (e.t_ns, e.pid, e.seq))
 
 
+@pytest.mark.slow  # an admitted side: make test-full
 def test_the_recorded_handshake_is_observed_and_admitted(tmp_path: Path) -> None:
     m = map_decode(_events())
     hs = [e for e in m.log if e.a == "hs"]
@@ -74,6 +75,7 @@ def test_a_failed_handshake_cannot_have_posted_reads(tmp_path: Path) -> None:
     assert _verdict(m, tmp_path) == ("rejected", _first_read(m))
 
 
+@pytest.mark.slow  # an admitted side: make test-full
 def test_without_the_handshake_recorded_it_stays_silent(tmp_path: Path) -> None:
     # the negative control of the two above: the handshake unobserved (HsSeen FALSE, a
     # recording made before 2026-12-05), Decode.tla ends it whenever the READs need
