@@ -150,3 +150,30 @@ def test_a_handshake_is_recorded_with_its_outcome_and_its_error_still_raised(
     got = [(e["result"]["remote_engine"], e["result"]["ok"], "error" in e["result"])
            for e in _lines(tmp_path)]  # fmt: skip
     assert got == [("P", True, False), ("P2", False, True)]
+
+
+class _PushWorker:
+    """A push producer worker's shape (push_worker.py): `_xfer_blocks` marks it; it posts a
+    WRITE (a handle) or submits nothing (None)."""
+
+    def _xfer_blocks(self, read_spec: object, dst_engine_id: str, request_id: str,
+                     remote_request_id: str) -> int | None:  # fmt: skip
+        return None if request_id == "empty" else 7
+
+
+def test_a_push_write_is_recorded_and_its_handle_returned(tmp_path: Path) -> None:
+    """Push mode: `write` per `_xfer_blocks` call, the handle passed back unchanged;
+    `posted` false where vLLM submitted nothing. A pull worker gets `read` instead."""
+    from types import SimpleNamespace
+
+    from kvspec.record.connectors import _wrap_reads
+
+    rec = Recorder("P", "kv_producer", "worker", 0, 1, tmp_path)
+    w = _PushWorker()
+    _wrap_reads(SimpleNamespace(connector_worker=w), rec)
+    spec = SimpleNamespace(remote_rank=1)
+    assert w._xfer_blocks(spec, "D", "a", "d-a") == 7
+    assert w._xfer_blocks(spec, "D", "empty", "d-e") is None
+    got = [(e["call"], e["reqs"], e["result"]["remote_rank"], e["result"]["posted"])
+           for e in _lines(tmp_path)]  # fmt: skip
+    assert got == [("write", ["a"], 1, True), ("write", ["empty"], 1, False)]

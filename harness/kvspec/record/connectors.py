@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -227,52 +228,43 @@ def _wrap_handshakes(connector: Any, rec: Recorder) -> None:
 
 def _wrap_reads(connector: Any, rec: Recorder) -> None:
     """Record each READ the NIXL worker posts (pull_worker.py:_read_blocks(read_spec,
-    dst_engine_id, request_id, remote_request_id, ...)); absent in a vLLM without it."""
+    dst_engine_id, request_id, remote_request_id, ...)), or in push mode each WRITE;
+    absent in a vLLM without them."""
     worker = _nixl_worker(connector)
-    if worker is not None and hasattr(worker, "_xfer_blocks"):
-        _wrap_writes(worker, rec)
-        return
     if worker is None:
         rec.emit("recorder_note", note="no NIXL _read_blocks: READs not recorded")
-        return
-    real = worker._read_blocks
+    elif hasattr(worker, "_xfer_blocks"):
+        # Push mode: each WRITE a producer worker posts (push_worker.py `_xfer_blocks`,
+        # same arguments, called on the `nixl-push-writer` thread as `self._xfer_blocks`).
+        # `posted`: a handle came back (None: nothing submitted, or the submission failed
+        # and vLLM released it).
+        _wrap_posts(worker, rec, "_xfer_blocks", "write",
+                    lambda spec, out: {"posted": out is not None})  # fmt: skip
+    else:
+        _wrap_posts(worker, rec, "_read_blocks", "read",
+                    lambda spec, out: {"posted": bool(out), "notify_only": _notify_only(spec)})
+
+
+def _wrap_posts(worker: Any, rec: Recorder, name: str, call: str,
+                outcome: Callable[[Any, Any], dict[str, Any]]) -> None:  # fmt: skip
+    """One `call` event per transfer the worker's method `name(read_spec, dst_engine_id,
+    request_id, remote_request_id, ...)` posts (looked up on the instance by its callers,
+    so an instance attribute intercepts it)."""
+    real = getattr(worker, name)
 
     @functools.wraps(real)
-    def read_blocks(read_spec: Any, dst_engine_id: Any, request_id: Any,
-                    remote_request_id: Any, *args: Any, **kwargs: Any) -> Any:  # fmt: skip
-        # Stamped at entry: the READ (and its notification, and the producer's free) can
-        # finish before _read_blocks returns.
+    def post(read_spec: Any, dst_engine_id: Any, request_id: Any, remote_request_id: Any,
+             *args: Any, **kwargs: Any) -> Any:  # fmt: skip
+        # Stamped at entry: the transfer (and its notification, and the producer's free)
+        # can finish before the call returns.
         t_ns = time.monotonic_ns()
         out = real(read_spec, dst_engine_id, request_id, remote_request_id, *args, **kwargs)
-        rec.emit("read", reqs=[request_id], t_ns=t_ns, remote_request_id=str(remote_request_id),
+        rec.emit(call, reqs=[request_id], t_ns=t_ns, remote_request_id=str(remote_request_id),
                  remote_rank=int(getattr(read_spec, "remote_rank", -1)),
-                 remote_engine=str(dst_engine_id), posted=bool(out),
-                 notify_only=_notify_only(read_spec))  # fmt: skip
+                 remote_engine=str(dst_engine_id), **outcome(read_spec, out))  # fmt: skip
         return out
 
-    worker._read_blocks = read_blocks
-
-
-def _wrap_writes(worker: Any, rec: Recorder) -> None:
-    """Push mode: record each WRITE a producer worker posts (push_worker.py
-    `_xfer_blocks(read_spec, dst_engine_id, request_id, remote_request_id, ...)`, called on
-    the `nixl-push-writer` thread as `self._xfer_blocks`, so an instance attribute
-    intercepts it). `posted`: a handle came back (None: nothing submitted, or the
-    submission failed and vLLM released it)."""
-    real = worker._xfer_blocks
-
-    @functools.wraps(real)
-    def xfer_blocks(read_spec: Any, dst_engine_id: Any, request_id: Any,
-                    remote_request_id: Any, *args: Any, **kwargs: Any) -> Any:  # fmt: skip
-        # stamped at entry, as a READ: the WRITE can complete before the call returns
-        t_ns = time.monotonic_ns()
-        out = real(read_spec, dst_engine_id, request_id, remote_request_id, *args, **kwargs)
-        rec.emit("write", reqs=[request_id], t_ns=t_ns, remote_request_id=str(remote_request_id),
-                 remote_rank=int(getattr(read_spec, "remote_rank", -1)),
-                 remote_engine=str(dst_engine_id), posted=out is not None)  # fmt: skip
-        return out
-
-    worker._xfer_blocks = xfer_blocks
+    setattr(worker, name, post)
 
 
 def _notify_only(read_spec: Any) -> bool | None:
