@@ -70,3 +70,18 @@ def test_the_same_log_read_as_pull_is_rejected_at_the_write(tmp_path: Path) -> N
 def test_the_clock_refuses_push() -> None:
     with pytest.raises(MappingError, match="push mode"):
         map_clock(_push_run(), lease_s=30)
+
+
+def test_one_write_per_request_and_rank_and_none_where_nothing_was_posted() -> None:
+    # KVCompletion has one WRITE per (r, w): a request's WRITEs to several D ranks are
+    # that one (the first is its post); an _xfer_blocks that submitted nothing is none
+    events = _push_run()
+    at = next(n for n, e in enumerate(events) if e.call == "write")
+    again = dataclasses.replace(events[at], seq=99, result={**events[at].result,
+                                                            "remote_rank": 1})  # fmt: skip
+    empty = dataclasses.replace(events[at], seq=98, result={**events[at].result,
+                                                            "posted": False})  # fmt: skip
+    twice = events[: at + 1] + [again] + events[at + 1 :]
+    assert [e.a for e in map_recording(twice).log].count("write") == 1
+    unposted = events[:at] + [empty] + events[at + 1 :]
+    assert [e.a for e in map_recording(unposted).log].count("write") == 0
