@@ -49,6 +49,7 @@ def _index(events: list[Event], a: str) -> int:
     return next(n for n, e in enumerate(map_recording(events).log) if e.a == a)
 
 
+@pytest.mark.slow  # an admitted side: make test-full
 def test_a_push_run_maps_its_write_and_is_admitted(tmp_path: Path) -> None:
     events = _push_run()
     log = map_recording(events).log
