@@ -125,10 +125,10 @@ def _producer(events: list[Event], d: str, producer: str | None) -> str:
     return p_engines[0]
 
 
-def _producer_world(events: list[Event], d: str, producer: str | None) -> int:
+def _producer_world(events: list[Event], d: str, producer: str | None, p: str) -> int:
+    """Producer p's TP (p: _producer's answer for the `producer` argument)."""
     reads = [e for e in events if e.engine == d and e.call == "read"
              and e.result.get("remote_engine", producer) == producer]  # fmt: skip
-    p = _producer(events, d, producer)
     start = next((e.result for e in events if e.engine == p and e.call == "start"), None)
     if start is not None:
         return int(start.get("tp", 1))
@@ -227,7 +227,7 @@ def map_decode(events: list[Event], engine: str | None = None,
             log += [DecodeEvent("abort", r=reqs[x], source=e) for x in e.reqs
                     if x in reqs and reqs[x] in arrived]  # fmt: skip
     kept, dropped = _drop_idle(log)
-    return DecodeMapped(d, world, _producer_world(events, d, producer), reqs, dict(start),
+    return DecodeMapped(d, world, _producer_world(events, d, producer, p), reqs, dict(start),
                         kept, dropped, d_capacity(sched, reqs, log),
                         steps_holding_events(log),
                         any(_is_handshake(e, d, None) for e in events))  # fmt: skip
