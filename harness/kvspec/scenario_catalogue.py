@@ -140,9 +140,12 @@ SCENARIOS = {
         Scenario("pd-basic", "P -> D over NIXL, 2 requests, async scheduling requested",
                  lease=120),
         Scenario("pd-sync", "P -> D over NIXL, 2 requests, synchronous scheduling", sync=True),
-        Scenario("pd-push", "P -> D in push mode (NixlPushConnector on both engines: D "
-                 "registers its blocks with P, PUSH_REG; P's writer thread WRITEs them)",
-                 connector="NixlPushConnector", lease=120, default=False),
+        # push pairs D's registration with P's blocks by request id less vLLM's suffix
+        # (push_worker.py _pop_matching_registration), so D gets P's ids (scenario_flows)
+        Scenario("pd-push", "P -> D in push mode (NixlPushConnector on both engines: D, "
+                 "given P's request ids as a proxy does, registers its blocks with P, "
+                 "PUSH_REG; P's writer thread WRITEs them)",
+                 connector="NixlPushConnector", lease=120),
         Scenario("pd-mla", "P -> D over NIXL with an MLA model (DeepSeek-V2-shaped, CPU_MLA)",
                  model="mla", lease=120),
         Scenario("pd-abort", "P -> D, 3 requests; the client aborts the second on P at once",

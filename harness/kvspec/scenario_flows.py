@@ -103,13 +103,18 @@ def _one_pair(sc: Scenario, engines: list[EngineProc], ps: list[list[int]],
         params = [{**x, "remote_port": free_port()} for x in params]
     if sc.consumer:
         d = engines[1]
+        # push mode: P's writer matches D's PUSH_REG to its finished blocks by request id,
+        # less vLLM's random suffix (push_worker.py _pop_matching_registration), not by
+        # kv_transfer_params: a proxy gives P and D the same id. Pull names P's by
+        # remote_request_id, so D's own ids ("d0") show which side a trace event is from
+        d_tag = "p" if sc.connector == "NixlPushConnector" else "d"
         fill = [[5 + i] * 8 for i in range(sc.queued)]
         if handed:
             got: dict[str, Any] = {"outputs": handed}
         else:
             got = d.ask({"cmd": "generate", "prompts": fill + ps, "params": [None]
                          * len(fill) + params, "max_tokens": [sc.filler_tokens]
-                         * len(fill) + [sc.max_tokens] * len(ps), "tag": "d",
+                         * len(fill) + [sc.max_tokens] * len(ps), "tag": d_tag,
                          "abort": [len(fill) + n for n in sc.d_abort],
                          "abort_after_s": sc.d_abort_after_s},
                         step_s)  # fmt: skip

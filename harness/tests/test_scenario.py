@@ -160,12 +160,14 @@ def test_under_kv_pressure_each_request_goes_to_d_as_p_streams_it(tmp_path: Path
 
 
 # An engine that answers each generate with one output per prompt: the prompt, the
-# request-id tag it was given and the params it was handed.
+# request-id tag it was given (also written to its log) and the params it was handed
+# (where none: params naming the tag, as P's kv_transfer_params).
 SHARES = [sys.executable, "-c", (
-    "import json\n"
+    "import json, sys\n"
     "while True:\n"
     "    cmd = json.loads(input())\n"
-    "    qs = cmd.get('params') or [None] * len(cmd['prompts'])\n"
+    "    print(cmd['tag'], file=sys.stderr, flush=True)\n"
+    "    qs = cmd.get('params') or [{'from': cmd['tag']}] * len(cmd['prompts'])\n"
     "    print(json.dumps({'outputs': [{'tokens': p, 'tag': cmd['tag'], 'params': q}"
     " for p, q in zip(cmd['prompts'], qs)]}), flush=True)\n"
 )]  # fmt: skip
@@ -184,6 +186,32 @@ def test_xpyd_spreads_requests_round_robin_and_answers_in_prompt_order(tmp_path:
     # request n on engine n % 2 (ids d1r..., d2r...), each with its own params
     assert [(o["tokens"], o["tag"], o["params"]) for o in got] == [
         ([10], "d1r", {"r": 0}), ([11], "d2r", {"r": 1}), ([12], "d1r", {"r": 2})]  # fmt: skip
+
+
+def test_push_gives_d_the_producers_request_ids_and_pull_ids_of_its_own(tmp_path: Path) -> None:
+    """P's push writer matches D's registration to its blocks by request id (less vLLM's
+    suffix): with ids of its own ("d0" for P's "p0") D was never written to (pd-push's
+    first runs). Pull keeps D's own ids: P's is in kv_transfer_params."""
+    import dataclasses
+
+    from kvspec.scenario import ScenarioResult
+    from kvspec.scenario_flows import _one_pair
+
+    tags = {}
+    for sc in (SCENARIOS["pd-push"], dataclasses.replace(SCENARIOS["pd-push"],
+                                                         connector="NixlConnector")):  # fmt: skip
+        logs = tmp_path / sc.connector
+        logs.mkdir()
+        engines = [EngineProc(SHARES, {}, logs / f"{e}.log", grace_s=0.1) for e in "PD"]
+        res = ScenarioResult(sc.name, "inconclusive", 0.0)
+        try:
+            _one_pair(sc, engines, [[10], [11]], res, 60)
+        finally:
+            for e in engines:
+                e.close()
+        tags[sc.connector] = (logs / "D.log").read_text().split()[:2]  # then EOF at close
+    # D's generate, then the local reference run
+    assert tags == {"NixlPushConnector": ["p", "local"], "NixlConnector": ["d", "local"]}
 
 
 def test_xpyd_scenarios_refuse_what_only_one_pair_runs() -> None:

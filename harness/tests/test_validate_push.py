@@ -3,19 +3,24 @@ producer's WRITEs (`write`, push_worker.py _xfer_blocks) and KVTrace explains ea
 push_write; D's finished_recving is then an observation that a WRITE was posted. A
 synthetic one-request push run (the shape of the conformance driver's push rows) is
 admitted; D reporting its receive before P's WRITE is rejected at that receive; the
-same log read as pull is rejected at the WRITE (the negative control of the mode)."""
+same log read as pull is rejected at the WRITE (the negative control of the mode). A real
+push run (conformance/recorded/pd-push) maps each WRITE before D's receive and is
+admitted; moving its receives before the WRITEs is rejected at the first receive."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 from kvspec.record.clock_mapping import map_clock
-from kvspec.record.log import Event
+from kvspec.record.log import Event, read_dir
 from kvspec.record.mapping import MappingError, map_recording
 from kvspec.validate import check_design
 from synth_recording import Synth
+
+REAL = Path(__file__).resolve().parents[2] / "conformance" / "recorded" / "pd-push"
 
 
 def _push_run(write_after_recv: bool = False, connector: str = "NixlPushConnector") -> list[Event]:
@@ -86,3 +91,36 @@ def test_one_write_per_request_and_rank_and_none_where_nothing_was_posted() -> N
     assert [e.a for e in map_recording(twice).log].count("write") == 1
     unposted = events[:at] + [empty] + events[at + 1 :]
     assert [e.a for e in map_recording(unposted).log].count("write") == 0
+
+
+def _real(recv_before_writes: bool = False) -> list[Event]:
+    """conformance/recorded/pd-push (kvspec scenario pd-push, real 0.32 engines); doctored:
+    D's report of both receives moved to just before P's first WRITE."""
+    events = read_dir(REAL)
+    if not recv_before_writes:
+        return events
+    first = min(e.t_ns for e in events if e.call == "write")
+    moved = [dataclasses.replace(e, t_ns=first - 1) if e.engine == "D" and e.role == "worker"
+             and e.ids("finished_recving") else e for e in events]  # fmt: skip
+    return sorted(moved, key=lambda e: (e.t_ns, e.pid, e.seq))  # read_dir's order
+
+
+def test_the_real_push_run_writes_each_request_before_ds_receive() -> None:
+    log = map_recording(_real()).log
+    got = [(e.a, e.r) for e in log if e.a in ("write", "recv")]
+    assert got == [("write", 1), ("write", 2), ("recv", 1), ("recv", 2)]
+    assert sum(e.a == "write" for e in log) == json.loads((REAL / "expect.json").read_text())[
+        "writes"]
+
+
+@pytest.mark.slow  # an admitted side: make test-full (make e2e checks all four designs)
+def test_the_real_push_run_is_admitted(tmp_path: Path) -> None:
+    events = _real()
+    assert _verdict(events, tmp_path) == ("admitted", len(map_recording(events).log))
+
+
+def test_negative_control_the_real_runs_receives_before_its_writes_are_rejected_there(
+    tmp_path: Path,
+) -> None:
+    events = _real(recv_before_writes=True)
+    assert _verdict(events, tmp_path) == ("rejected", _index(events, "recv"))
