@@ -16,6 +16,8 @@
 (* step k's output is applied (v1/engine/core.py:step_with_batch_queue,    *)
 (* max_concurrent_batches = 2).  Producer ranks are reduced to what D's    *)
 (* completion touches: blocks held until n notifications or the lease.    *)
+(* Transfer = "push" (NixlPushConnector): D registers its blocks with the  *)
+(* producer ranks and P's writer WRITEs into them (push_write, xfer_end).  *)
 (***************************************************************************)
 EXTENDS Naturals, FiniteSets, Sequences
 
@@ -51,6 +53,16 @@ CONSTANTS
     ReadDeadline, \* a proposal, not in 0.32: a D-side deadline on WAITING_FOR_REMOTE_KVS
                   \* finishes the request as an abort does (its blocks kept while a
                   \* READ is outstanding); modelled as a weakly fair abort there
+    Transfer,     \* "pull" (NixlConnector: D READs) | "push" (NixlPushConnector: D
+                  \* registers its blocks with P, PUSH_REG, and P's writer WRITEs them)
+    PushHandshakeFail, \* push: P's handshake with D, which P's writer starts when it
+                  \* matches D's registration, may fail; P then never WRITEs r
+    PushWatchdog, \* a proposal, not in 0.32 ("none"): a D-side registration timeout that
+                  \* does what push_scheduler.py's docstring says its watchdog does
+                  \* ("fails requests that have been registered but not fulfilled"; the
+                  \* code only drops a registration not yet sent, 303-327).  "at-once":
+                  \* at the timeout D fails the receive; "after-lease": D stops
+                  \* heartbeating r and fails it once P's lease has surely run out
     Bug           \* "none" (0.32 as shipped) or a bug of the history re-introduced
 
 Bugs == {"none", "abort-frees-at-once", "full-hit-registered", "failure-only-logged",
@@ -64,6 +76,14 @@ ASSUME
     /\ AsyncScheduling \in BOOLEAN
     /\ Handshake \in BOOLEAN /\ InStepEnd \in BOOLEAN /\ HandshakeFail \in BOOLEAN
     /\ SplitCallbacks \in BOOLEAN /\ ProducerHangs \in BOOLEAN /\ ReadDeadline \in BOOLEAN
+    /\ Transfer \in {"pull", "push"} /\ PushHandshakeFail \in BOOLEAN
+    /\ PushHandshakeFail => Transfer = "push"
+    /\ PushWatchdog \in {"none", "at-once", "after-lease"}
+    /\ PushWatchdog # "none" => Transfer = "push"
+    \* push: one NIXL connector, no MLA notify-only path; the bugs of the history that are
+    \* the scheduler's or the base worker's (the others are pull's or a child's)
+    /\ Transfer = "push" => /\ ~MLA /\ Composition = "nixl"
+                            /\ Bug \in {"none", "abort-frees-at-once", "failure-only-logged"}
 
 DRanks == 0 .. (DTP - 1)
 PRanks == 0 .. (PTP - 1)
@@ -87,7 +107,11 @@ Consumers == IF Bug = "count-tp-only" THEN 1
              ELSE IF PTP <= DTP THEN DTP \div PTP ELSE 1
 
 ReqStates == {"new", "wfrk", "running", "fin", "gone"}
-HStates == {"none", "proc", "done", "err"}
+\* A transfer into worker w's blocks of r from producer rank p.  Pull: D's READ, in
+\* progress (proc), done or in error (err).  Push: D's PUSH_REG sent (reg), P's WRITE in
+\* progress (proc), its notification counted (done), or never to come (lost: P's
+\* handshake with D failed or the WRITE failed; D is told nothing).
+HStates == {"none", "reg", "proc", "done", "err", "lost"}
 VARIABLES
     st,        \* scheduler: new | wfrk (WAITING_FOR_REMOTE_KVS) | running | fin (finished,
                \*   still in self.requests, blocks held) | gone (freed, deleted)
@@ -114,12 +138,13 @@ VARIABLES
     hsq,       \* worker w's receive entries deferred to the handshake, <<r, awaited>>
     rdy,       \* ... whose handshake completed (_ready_requests): posted at w's next step
     hfl,       \* ... whose handshake failed (_failed_recv_reqs): handled at w's next poll
-    cbq        \* SplitCallbacks: deferred entries whose handshake failed, their
+    cbq,       \* SplitCallbacks: deferred entries whose handshake failed, their
                \* request_ready callback not yet run, <<r, awaited>>
+    hbOff      \* PushWatchdog: requests whose registration timed out (no heartbeats)
 
 hsv == <<hsd, hsq, rdy, hfl, cbq>>
 vars == <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h, rem,
-          pin, pcnt, pst, failed, echo, hsv>>
+          pin, pcnt, pst, failed, echo, hsv, hbOff>>
 
 Depth == IF AsyncScheduling THEN 2 ELSE 1
 Step == [recv : SUBSET Reqs, aw : SUBSET Reqs, ran : BOOLEAN, out : [DRanks -> SUBSET Reqs],
@@ -145,6 +170,7 @@ TypeOK ==
     /\ rdy \in [DRanks -> SUBSET (Reqs \X BOOLEAN)]
     /\ hfl \in [DRanks -> SUBSET Reqs]
     /\ cbq \in [DRanks -> SUBSET (Reqs \X BOOLEAN)]
+    /\ hbOff \subseteq Reqs
 
 Init ==
     /\ st = [r \in Reqs |-> "new"]
@@ -160,6 +186,7 @@ Init ==
     /\ failed = {} /\ echo = {}
     /\ hsd = [w \in DRanks |-> IF Handshake THEN "none" ELSE "done"]
     /\ hsq = None /\ rdy = None /\ hfl = None /\ cbq = None
+    /\ hbOff = {}
 
 \* Hooks DecodeTrace.tla overrides (its cfg: Arrived <- TraceArrived, Busy <- TraceBusy).
 \* Arrived: r has reached D's scheduler (add_request); here every request has.  Busy: D's
@@ -210,7 +237,7 @@ schedule ==
                                       ran |-> FALSE, out |-> None, fail |-> None,
                                       send |-> None])
     /\ cleanup' = {}
-    /\ UNCHANGED <<sendPend, sendDone, crashed, reg, xf, h, rem, pin, pcnt, pst, failed, echo,
+    /\ UNCHANGED <<hbOff, sendPend, sendDone, crashed, reg, xf, h, rem, pin, pcnt, pst, failed, echo,
                    hsv>>
 
 (* Every decode worker's step (kv_connector_model_runner_mixin.py:66-107). *)
@@ -237,8 +264,9 @@ schedule ==
 \* The entries worker w posts in step m (deferred ones once its handshake is done).
 Go(w, m) == IF hsd[w] = "done" THEN {<<r, r \in m.aw>> : r \in m.recv} \cup rdy[w] ELSE {}
 
-\* The READs worker w posts in step m, <<w, r, p>>.
-Fresh(w, m) == {<<w, e[1], p>> : e \in {x \in Go(w, m) : x[2]}, p \in Reads(w)}
+\* The READs worker w posts in step m, <<w, r, p>> (push: none; P WRITEs).
+Fresh(w, m) == IF Transfer = "push" THEN {}
+               ELSE {<<w, e[1], p>> : e \in {x \in Go(w, m) : x[2]}, p \in Reads(w)}
 
 \* What a fresh READ is at the step's poll: in progress, or (InStepEnd) already ended.
 Ends == IF ~InStepEnd THEN {"proc"} ELSE IF ReadFail THEN {"proc", "done", "err"}
@@ -250,31 +278,49 @@ Ends == IF ~InStepEnd THEN {"proc"} ELSE IF ReadFail THEN {"proc", "done", "err"
 \* metadata for failure recovery", 0.29 pull_worker.py:64-65). Such an entry is never
 \* awaited, so never done, so never popped (0.29 base_worker.py:2244): a leak of metadata
 \* on every D worker, not of blocks.
-Registered(m) == IF Bug = "v0.29-register-all" THEN m.recv ELSE m.aw
+\* Push: every entry too (push_worker.py start_load_kv, 175-197, has no awaited filter), so
+\* the no-block entry request_finished queues for a request aborted before D scheduled it
+\* (push_scheduler.py:230-233) stays in _recving_metadata: the same metadata leak.
+Registered(m) == IF Bug = "v0.29-register-all" \/ Transfer = "push" THEN m.recv ELSE m.aw
 
 (* end[<<w, r, p>>]: the state at the poll of each READ posted this step.  *)
+(* Push (push_worker.py): start_load_kv registers every entry (175-197) and *)
+(* queues the awaited ones' registrations (204-207); the writer thread,    *)
+(* after D's handshake with P (_send_registration_to_p, 317-362; deferred  *)
+(* like a pull READ, and failed the same way: 343-356), sends PUSH_REG to  *)
+(* each producer rank (364-396).  D posts nothing; r is done once every    *)
+(* producer rank writing into w has notified (_get_new_notifs, 765-786).   *)
 RankExec(w, m, end) ==
     LET ready == hsd[w] = "done"
-        entries == {<<r, r \in m.aw>> : r \in m.recv}
+        entries == {<<r, r \in m.aw>> : r \in IF Transfer = "push" THEN m.aw ELSE m.recv}
         go == Go(w, m)
         aw == {e[1] : e \in {x \in go : x[2]}}
         noBlocks == {e[1] : e \in {x \in go : ~x[2]}}
         posted == [r \in Reqs |-> [p \in PRanks |->
-                     IF r \in aw /\ p \in Reads(w) THEN end[<<w, r, p>>] ELSE h[w][r][p]]]
+                     IF r \in aw /\ p \in Reads(w)
+                     THEN IF Transfer = "push" THEN "reg" ELSE end[<<w, r, p>>]
+                     ELSE h[w][r][p]]]
         xf1 == xf[w] \cup aw
         \* a failed handshake's entries (BW:2871-2889): reported failed where registered
         \* (awaited: PW:73-74), dropped otherwise; never in _recving_transfers
         hf == hfl[w] \cap (reg[w] \cup m.aw)
-        done == {r \in xf1 : \A p \in PRanks : posted[r][p] # "proc"} \cup hf
+        written == {r \in reg[w] \cup aw : \A p \in Reads(w) : posted[r][p] = "done"}
+        done == IF Transfer = "push" THEN written \cup hf
+                ELSE {r \in xf1 : \A p \in PRanks : posted[r][p] # "proc"} \cup hf
         bad == {r \in done : \E p \in PRanks : posted[r][p] = "err"} \cup hf
         rep == IF Bug = "failure-only-logged" THEN done \ bad ELSE done
     IN [reg |-> (reg[w] \cup Registered(m) \cup aw) \ done,
         xf |-> xf1 \ done,
-        h |-> [r \in Reqs |-> IF r \in done THEN [p \in PRanks |-> "none"] ELSE posted[r]],
+        \* push: a failed receive leaves P's pending registration or WRITE (it may land)
+        h |-> [r \in Reqs |-> IF r \notin done THEN posted[r]
+                             ELSE [p \in PRanks |-> IF posted[r][p] \in {"reg", "proc"}
+                                                   THEN posted[r][p] ELSE "none"]],
         out |-> rep \cup echo,
         outFail |-> IF Bug = "failure-only-logged" THEN {} ELSE bad,
-        notify |-> {<<p, r>> \in PRanks \X noBlocks : p \in Sources(w)}
-                   \cup {<<p, r>> \in PRanks \X aw : p \in NotifyOnly(w)},
+        \* push sends no notify-only message (nothing for a full hit or an early abort)
+        notify |-> IF Transfer = "push" THEN {}
+                   ELSE {<<p, r>> \in PRanks \X noBlocks : p \in Sources(w)}
+                        \cup {<<p, r>> \in PRanks \X aw : p \in NotifyOnly(w)},
         hsd |-> IF ~ready /\ entries # {} THEN "pending" ELSE hsd[w],
         hsq |-> IF ready THEN hsq[w] ELSE hsq[w] \cup entries,
         rdy |-> IF ready THEN {} ELSE rdy[w],
@@ -309,7 +355,7 @@ execute ==
           /\ rdy' = [w \in DRanks |-> new[w].rdy]
           /\ hfl' = [w \in DRanks |-> new[w].hfl]
     /\ sendDone' = {} /\ echo' = {}
-    /\ UNCHANGED <<st, fRecv, fFail, sendPend, crashed, cleanup, rem, pcnt, pst, cbq>>
+    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, crashed, cleanup, rem, pcnt, pst, cbq>>
 
 (* Scheduler.finish_requests (S:2649-2712) of an active request, then      *)
 (* _free_request -> request_finished: a WFRK request keeps its blocks      *)
@@ -334,7 +380,7 @@ abort(r) ==
     /\ fRecv' = fRecv \ {r}
     /\ fFail' = fFail \ {r}
     /\ cleanup' = IF st[r] = "new" THEN cleanup \cup {r} ELSE cleanup
-    /\ UNCHANGED <<sendDone, crashed, steps, reg, xf, h, rem, pin, pcnt, pst, failed, echo,
+    /\ UNCHANGED <<hbOff, sendDone, crashed, steps, reg, xf, h, rem, pin, pcnt, pst, failed, echo,
                    hsv>>
 
 (* A running request stops (its output is complete): request_finished.     *)
@@ -343,7 +389,7 @@ complete(r) ==
     /\ LET f == Finish(r, FALSE)
        IN /\ st' = [st EXCEPT ![r] = f.fate]
           /\ sendPend' = IF f.pend THEN sendPend \cup {r} ELSE sendPend
-    /\ UNCHANGED <<fRecv, fFail, sendDone, crashed, steps, cleanup, reg, xf, h, rem, pin,
+    /\ UNCHANGED <<hbOff, fRecv, fFail, sendDone, crashed, steps, cleanup, reg, xf, h, rem, pin,
                    pcnt, pst, failed, echo, hsv>>
 
 (* KVOutputAggregator.aggregate (U:63-189): r is received once world_size  *)
@@ -381,17 +427,52 @@ update ==
           /\ sendPend' = (sendPend \cup {r \in errs : Delays}) \ sends
           /\ echo' = IF Bug = "second-child-recv" THEN recv ELSE {}
     /\ steps' = Tail(steps)
-    /\ UNCHANGED <<sendDone, cleanup, reg, xf, h, pin, pcnt, pst, failed, hsv>>
+    /\ UNCHANGED <<hbOff, sendDone, cleanup, reg, xf, h, pin, pcnt, pst, failed, hsv>>
 
 (* A posted READ ends: NIXL delivers its "r:n" to producer rank p with it  *)
 (* (PW:546-553), or the transfer ends in error and nothing is sent.        *)
+(* Push: P rank p's WRITE into w's blocks ends.  Done, its notification    *)
+(* reaches w (the WRITE carries it, push_worker.py:713-722) and P counts   *)
+(* the handle: once all of r's WRITEs of p are done and none failed, p     *)
+(* reports r sent and frees it (get_transfer_results, 810-850).  Failed,   *)
+(* D is told nothing and P keeps r for its lease (831-833).                *)
 xfer_end(w, r, p, ok) ==
     /\ h[w][r][p] = "proc"
-    /\ h' = [h EXCEPT ![w][r][p] = IF ok THEN "done" ELSE "err"]
-    /\ pin' = IF ok THEN [pin EXCEPT ![p][r] = @ + 1] ELSE pin
+    /\ h' = [h EXCEPT ![w][r][p] = IF ok THEN "done"
+                                   ELSE IF Transfer = "push" THEN "lost" ELSE "err"]
+    /\ pin' = IF ok /\ Transfer = "pull" THEN [pin EXCEPT ![p][r] = @ + 1] ELSE pin
+    /\ IF ok /\ Transfer = "push" /\ pst[p][r] = "held"
+       THEN /\ pcnt' = [pcnt EXCEPT ![p][r] = @ + 1]
+            /\ pst' = [pst EXCEPT ![p][r] = IF pcnt[p][r] + 1 >= Consumers THEN "notified"
+                                            ELSE "held"]
+       ELSE UNCHANGED <<hbOff, pcnt, pst>>
     /\ failed' = IF ok THEN failed ELSE failed \cup {r}
-    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf,
-                   rem, pcnt, pst, echo, hsv>>
+    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf,
+                   rem, echo, hsv>>
+
+(* Push: producer rank p's writer thread has D's registration of r (PUSH_REG*)
+(* via get_new_notifs) and r's finished blocks (push_finished_blocks) and   *)
+(* matches them (_handle_push_reg_notif / _pop_matching_registration,      *)
+(* 297-315, 398-430), then, its handshake with D done, posts the WRITE     *)
+(* (_do_start_push_kv -> _xfer_blocks, 432-514, 631-745).  Needs r's blocks*)
+(* still held: once P's lease freed them the writer drops them             *)
+(* (_evict_finished_inbox, 262-271) and the registration waits unmatched.  *)
+push_write(w, r, p) ==
+    /\ Transfer = "push" /\ h[w][r][p] = "reg" /\ pst[p][r] = "held"
+    /\ h' = [h EXCEPT ![w][r][p] = "proc"]
+    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf,
+                   rem, pin, pcnt, pst, failed, echo, hsv>>
+
+(* Push: P's handshake with D, which _do_start_push_kv starts on a match,  *)
+(* fails: its callback logs push_handshake_failed and returns ("The engine *)
+(* reclaims the blocks via the TTL so we dont free here", 465-478).  No    *)
+(* WRITE, and nothing tells D.  Not fair.                                  *)
+push_lost(w, r, p) ==
+    /\ PushHandshakeFail /\ h[w][r][p] = "reg" /\ pst[p][r] = "held"
+    /\ h' = [h EXCEPT ![w][r][p] = "lost"]
+    /\ failed' = failed \cup {r}
+    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf,
+                   rem, pin, pcnt, pst, echo, hsv>>
 
 (* Worker w's handshake with the producer engine starts ahead of any READ: *)
 (* D's heartbeats for a request it tracks call _ensure_handshake           *)
@@ -401,7 +482,7 @@ handshake_start(w) ==
     /\ hsd[w] = "none"
     /\ \E r \in Reqs : st[r] \in {"new", "wfrk"}
     /\ hsd' = [hsd EXCEPT ![w] = "pending"]
-    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
+    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
                    rem, pin, pcnt, pst, failed, echo, hsq, rdy, hfl, cbq>>
 
 (* The background handshake completes: its future's done_callback         *)
@@ -412,12 +493,22 @@ handshake_start(w) ==
 (* split they would let a ready entry wait without bound (the model has no *)
 (* time), which explains a D that under-admits (measured once: the         *)
 (* pd-decode-kv-pressure negative control was then admitted).              *)
+(* Push: the callback re-queues each deferred registration and wakes the   *)
+(* writer, which sends PUSH_REG at once (push_worker.py:357-362), not at   *)
+(* D's next step: recorded, pd-push's D reported both receives one step    *)
+(* after its handshake returned.                                           *)
 handshake_done(w) ==
     /\ hsd[w] = "pending"
     /\ hsd' = [hsd EXCEPT ![w] = "done"]
     /\ hsq' = [hsq EXCEPT ![w] = {}]
-    /\ rdy' = [rdy EXCEPT ![w] = @ \cup hsq[w]]
-    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
+    /\ IF Transfer = "push"
+       THEN /\ h' = [h EXCEPT ![w] = [r \in Reqs |-> [p \in PRanks |->
+                      IF <<r, TRUE>> \in hsq[w] /\ p \in Reads(w) THEN "reg"
+                      ELSE h[w][r][p]]]]
+            /\ UNCHANGED rdy
+       ELSE /\ rdy' = [rdy EXCEPT ![w] = @ \cup hsq[w]]
+            /\ UNCHANGED h
+    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf,
                    rem, pin, pcnt, pst, failed, echo, hfl, cbq>>
 
 (* The background handshake fails: its future's done_callback logs it,    *)
@@ -432,11 +523,11 @@ handshake_fail(w) ==
     /\ hsq' = [hsq EXCEPT ![w] = {}]
     /\ IF SplitCallbacks
        THEN /\ cbq' = [cbq EXCEPT ![w] = @ \cup hsq[w]]
-            /\ UNCHANGED <<hfl, failed>>
+            /\ UNCHANGED <<hbOff, hfl, failed>>
        ELSE /\ hfl' = [hfl EXCEPT ![w] = @ \cup {e[1] : e \in hsq[w]}]
             /\ failed' = failed \cup {e[1] : e \in hsq[w]}
             /\ UNCHANGED cbq
-    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
+    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
                    rem, pin, pcnt, pst, echo, rdy>>
 
 (* One failed entry's callback (request_ready) runs (SplitCallbacks).  A   *)
@@ -449,7 +540,7 @@ handshake_callback(w, e) ==
     /\ cbq' = [cbq EXCEPT ![w] = @ \ {e}]
     /\ hfl' = [hfl EXCEPT ![w] = @ \cup {e[1]}]
     /\ failed' = failed \cup {e[1]}
-    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
+    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
                    rem, pin, pcnt, pst, echo, hsd, hsq, rdy>>
 
 (* Producer rank p's _get_new_notifs (PW:642-693) counts "r:n"; at n it    *)
@@ -461,8 +552,8 @@ deliver(p, r) ==
        THEN /\ pcnt' = [pcnt EXCEPT ![p][r] = @ + 1]
             /\ pst' = [pst EXCEPT ![p][r] = IF pcnt[p][r] + 1 >= Consumers THEN "notified"
                                             ELSE "held"]
-       ELSE UNCHANGED <<pcnt, pst>>
-    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
+       ELSE UNCHANGED <<hbOff, pcnt, pst>>
+    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
                    rem, failed, echo, hsv>>
 
 (* Producer rank p's lease on r expires.  D heartbeats r from add_request  *)
@@ -478,17 +569,20 @@ deliver(p, r) ==
 \* D's workers run another step: one is in flight, or the engine steps on.
 WorkersStepAgain == Live \/ cleanup # {} \/ \E i \in 1 .. Len(steps) : ~steps[i].ran
 
+\* Push: D's heartbeats keep the lease in the same way (the base scheduler's); a
+\* registration P holds the blocks for is matched (push_write) before the lease can run
+\* out, so no lease passes one ("reg"); a lost one is waited out.
 lease_expire(p, r) ==
     /\ pst[p][r] = "held"
-    /\ ~(st[r] \in {"new", "wfrk"} /\ r \notin fRecv)
+    /\ ~(st[r] \in {"new", "wfrk"} /\ r \notin fRecv /\ r \notin hbOff)
     /\ \A i \in 1 .. Len(steps) : steps[i].ran \/ r \notin steps[i].recv
     /\ r \notin cleanup
-    /\ \A w \in DRanks : h[w][r][p] # "proc"
+    /\ \A w \in DRanks : h[w][r][p] \notin {"proc", "reg"}
     /\ WorkersStepAgain => \A w \in DRanks, b \in BOOLEAN :
           <<r, b>> \notin hsq[w] \cup rdy[w] \cup cbq[w]
     /\ pin[p][r] = 0
     /\ pst' = [pst EXCEPT ![p][r] = "expired"]
-    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
+    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
                    rem, pin, pcnt, failed, echo, hsv>>
 
 (* The LMCache child's delayed request completes on its workers, once.    *)
@@ -497,18 +591,46 @@ child_send_done(r) ==
     \* once: its workers report it at the next step (one report per request)
     /\ sendPend' = sendPend \ {r}
     /\ sendDone' = sendDone \cup {r}
-    /\ UNCHANGED <<st, fRecv, fFail, crashed, steps, cleanup, reg, xf, h,
+    /\ UNCHANGED <<hbOff, st, fRecv, fFail, crashed, steps, cleanup, reg, xf, h,
                    rem, pin, pcnt, pst, failed, echo, hsv>>
+
+(* PushWatchdog (a proposal): r's registration times out on D while its   *)
+(* receive is outstanding (waiting, or finished with its blocks held).     *)
+(* Weakly fair: a timeout is finite.  D stops heartbeating r.              *)
+watchdog(r) ==
+    /\ PushWatchdog # "none" /\ ~crashed
+    /\ st[r] \in {"wfrk", "fin"} /\ r \notin fRecv /\ r \notin hbOff
+    /\ \E w \in DRanks : r \in reg[w]
+    /\ hbOff' = hbOff \cup {r}
+    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
+                   rem, pin, pcnt, pst, failed, echo, hsv>>
+
+(* ... then D fails the receive: every worker that registered r reports it *)
+(* failed at its next poll, as a failed handshake's entries are, and D     *)
+(* ends it as a failed load (Policy).  "after-lease": only once no WRITE   *)
+(* can come (every producer rank writing into D freed r or lost it).       *)
+watchdog_fail(r) ==
+    /\ r \in hbOff /\ st[r] \in {"wfrk", "fin"} /\ r \notin fRecv /\ ~crashed
+    /\ \E w \in DRanks : r \in reg[w] /\ r \notin hfl[w]
+    /\ PushWatchdog = "after-lease" =>
+          \A w \in DRanks, p \in PRanks : h[w][r][p] = "lost" \/ pst[p][r] # "held"
+    /\ hfl' = [w \in DRanks |-> IF r \in reg[w] THEN hfl[w] \cup {r} ELSE hfl[w]]
+    /\ failed' = failed \cup {r}
+    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf,
+                   h, rem, pin, pcnt, pst, echo, hsd, hsq, rdy, cbq>>
 
 Oks == IF ReadFail THEN BOOLEAN ELSE {TRUE}
 ReadEnd == \E w \in DRanks, r \in Reqs, p \in PRanks, ok \in Oks : xfer_end(w, r, p, ok)
+PushMatch == \E w \in DRanks, r \in Reqs, p \in PRanks : push_write(w, r, p)
 
 Done == ~Live /\ \A p \in PRanks, r \in Reqs : pin[p][r] = 0 /\ pst[p][r] # "held"
 
 Next ==
     \/ schedule \/ execute \/ update
     \/ \E r \in Reqs : abort(r) \/ complete(r) \/ child_send_done(r)
-    \/ ReadEnd
+    \/ ReadEnd \/ PushMatch
+    \/ \E w \in DRanks, r \in Reqs, p \in PRanks : push_lost(w, r, p)
+    \/ \E r \in Reqs : watchdog(r) \/ watchdog_fail(r)
     \/ \E w \in DRanks : handshake_start(w) \/ handshake_done(w) \/ handshake_fail(w)
     \/ \E w \in DRanks : \E e \in cbq[w] : handshake_callback(w, e)
     \/ \E p \in PRanks, r \in Reqs : deliver(p, r) \/ lease_expire(p, r)
@@ -516,12 +638,16 @@ Next ==
 
 (* EngineCore steps while it has requests; READs end (UCX progress) unless *)
 (* the producer may hang (ProducerHangs: the fairness is vacuous then);     *)
-(* notifications arrive; leases are finite; the child's stores complete.   *)
+(* notifications arrive; leases are finite; the child's stores complete;   *)
+(* push: a held registration is matched; a registration timeout passes.   *)
 (* Each (w, r, p) instance fires finitely often, so fairness of the        *)
 (* disjunction gives it to each.  No fairness on abort or complete.        *)
 Spec == Init /\ [][Next]_vars
         /\ WF_vars(schedule) /\ WF_vars(execute) /\ WF_vars(update)
         /\ WF_vars(~ProducerHangs /\ ReadEnd)
+        /\ WF_vars(PushMatch)
+        /\ WF_vars(\E r \in Reqs : watchdog(r))
+        /\ WF_vars(\E r \in Reqs : watchdog_fail(r))
         /\ WF_vars(ReadDeadline /\ \E r \in Reqs : st[r] = "wfrk" /\ abort(r))
         /\ WF_vars(\E w \in DRanks : handshake_done(w))
         /\ WF_vars(\E w \in DRanks : \E e \in cbq[w] : handshake_callback(w, e))
@@ -531,7 +657,9 @@ Spec == Init /\ [][Next]_vars
 
 -----------------------------------------------------------------------------
 (* Safety *)
-InFlight(r) == \E w \in DRanks, p \in PRanks : h[w][r][p] = "proc"
+\* Push: a registration P holds r's blocks for may still become a WRITE into D's blocks.
+InFlight(r) == \E w \in DRanks, p \in PRanks :
+                  h[w][r][p] = "proc" \/ (h[w][r][p] = "reg" /\ pst[p][r] = "held")
 
 \* #32255: D never frees blocks a READ still writes into.
 DNoFreeUnderRead == \A r \in Reqs : st[r] = "gone" => ~InFlight(r)
@@ -559,4 +687,5 @@ ReachReceived == \A r \in Reqs : r \notin fRecv
 ReachAbortHeld == ~(\E r \in Reqs : st[r] = "fin" /\ InFlight(r))
 ReachNotified == \A p \in PRanks, r \in Reqs : pst[p][r] # "notified"
 ReachHandshakeFailed == \A w \in DRanks : hfl[w] = {}
+ReachWriteLost == \A w \in DRanks, r \in Reqs, p \in PRanks : h[w][r][p] # "lost"
 =============================================================================

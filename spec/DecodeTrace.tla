@@ -18,6 +18,7 @@
 (*  "execute"  every D worker's step: rank w posted the READs reads[w + 1] *)
 (*             (<<r, producer rank>>) and its get_transfer_results         *)
 (*             reported finished_recving out[w + 1], failed fail[w + 1]    *)
+(*             (push, Transfer = "push": no READ; P's WRITEs are silent)   *)
 (*  "update"   D's update_from_output: aggregated finished_recving = recv *)
 (*  "abort"    D's finish_requests(r, FINISHED_ABORTED)                   *)
 (*  "complete" D's request_finished(r) with a stop status                 *)
@@ -107,6 +108,10 @@ Silent ==
     \/ (\E p \in PRanks, r \in Reqs : deliver(p, r) \/ lease_expire(p, r))
        /\ UNCHANGED hsRec
     \/ \E r \in Reqs : child_send_done(r) /\ UNCHANGED hsRec
+    \* push (Transfer = "push"): P's writer matching D's registration, or its handshake
+    \* with D failing; the WRITE's end is ReadEnd's xfer_end
+    \/ (PushMatch \/ \E w \in DRanks, r \in Reqs, p \in PRanks : push_lost(w, r, p))
+       /\ UNCHANGED hsRec
 
 TraceInit == Init /\ logIdx = 0 /\ arrived = {} /\ hsRec = [w \in DRanks |-> "none"]
 

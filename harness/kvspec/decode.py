@@ -28,6 +28,9 @@ BUGS = (
     "notify-local-id", "count-tp-only", "second-child-recv",
     "v0.29-register-all",  # not a bug: vLLM 0.29's decode design (Decode.tla Registered)
 )  # fmt: skip
+# The designs Decode.tla has for push mode (its ASSUME): the scheduler's and the base
+# worker's bugs; the others are pull's (notify-only, READ counts) or a child's.
+PUSH_BUGS = ("none", "abort-frees-at-once", "failure-only-logged")
 # The designs conformance/decode.toml's rows name (their Bug): a release's, never a mutant.
 DESIGNS = {"none": "0.30+ (0.32 as shipped)", "v0.29-register-all": "0.29"}
 
@@ -64,13 +67,18 @@ DECODE = Sweep(
         Const("SplitCallbacks", "split_callbacks", "bool"),
         Const("ProducerHangs", "producer_hangs", "bool"),
         Const("ReadDeadline", "read_deadline", "bool"),
+        Const("Transfer", "transfer", "str", ("pull", "push")),
+        Const("PushHandshakeFail", "push_handshake_fail", "bool"),
+        Const("PushWatchdog", "push_watchdog", "str", ("none", "at-once", "after-lease")),
         Const("InStepEnd", "in_step_end", "bool"),
         Const("Bug", "bug", "str", BUGS),
     ),
     invariants=("DNoFreeUnderRead", "PNoFreeUnderRead", "NoAssertCrash", "ProducerNotified"),
-    reach=("ReachReceived", "ReachAbortHeld", "ReachNotified", "ReachHandshakeFailed"),
+    reach=("ReachReceived", "ReachAbortHeld", "ReachNotified", "ReachHandshakeFailed",
+           "ReachWriteLost"),
     liveness=("WaitingLeaves", "HeldReleased"),
-    columns=("PTP", "DTP", "MLA", "Policy", "Composition", "AsyncScheduling", "Bug"),
+    columns=("PTP", "DTP", "MLA", "Policy", "Composition", "Transfer", "AsyncScheduling",
+             "Bug"),
     title="decode side (spec/Decode.tla): a P->D round trip",
     max_requests=2,
 )

@@ -237,9 +237,6 @@ def _validate_producer(sc: Scenario, events: list[Event], work: Path, res: Scena
     if not (sc.consumer and sc.admits and not sc.queued):
         # Not where local requests share D's run slots: Decode.tla has P/D requests only.
         return undecided, admitted or []
-    if sc.connector == "NixlPushConnector":  # validate_decode.composition says why
-        res.detail += " decode side: not validated: Decode.tla models a pulling D"
-        return undecided, admitted or []
     # the decode engines that took p's requests (xPyD: not every one need)
     d_ids = [d for d in d_ids if d in s.decodes] if p else d_ids
     for d in d_ids:  # the decode engine against Decode.tla (spec/DecodeTrace.tla)

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvspec.decode import BUGS, DECODE, DESIGNS
+from kvspec.decode import BUGS, DECODE, DESIGNS, PUSH_BUGS
 from kvspec.record.decode_mapping import DecodeEvent, DecodeMapped, map_decode
 from kvspec.record.log import Event
-from kvspec.record.mapping import MappingError
+from kvspec.record.mapping import MappingError, transfer
 from kvspec.validate import (
     DesignVerdict,
     children_of,
@@ -35,9 +35,9 @@ def composition(start: dict[str, object]) -> str:
     conn = str(start.get("connector", "NixlConnector"))
     kids = tuple(children_of(start))
     if conn == "NixlPushConnector":
-        raise MappingError("push mode (NixlPushConnector): Decode.tla models a pulling D "
-                           "(READs, handshake, notifications), not one that registers its "
-                           "blocks and waits for P's WRITEs")  # fmt: skip
+        if start.get("mla"):  # Decode.tla's ASSUME: push without MLA's notify-only path
+            raise MappingError("push mode with MLA: Decode.tla models push for MLA = FALSE")
+        return "nixl"  # Transfer = "push" (constants)
     if conn == "NixlConnector":
         return "nixl"
     if conn == "MultiConnector" and kids[:1] == ("NixlConnector",) and kids[1:] in CHILDREN:
@@ -70,6 +70,11 @@ def constants(m: DecodeMapped, bug: str) -> dict[str, str]:
         "SplitCallbacks": "TRUE",
         # read only by Spec's fairness, which a trace's check does not use
         "ProducerHangs": "FALSE", "ReadDeadline": "FALSE",
+        # NixlPushConnector: D registers its blocks and waits for P's WRITEs; P's handshake
+        # with D may fail (what vLLM can do is admitted)
+        "Transfer": f'"{transfer(m.start)}"',
+        "PushHandshakeFail": "TRUE" if transfer(m.start) == "push" else "FALSE",
+        "PushWatchdog": '"none"',
         # the recorder wrote D's handshakes: each ends only where the log says
         "HsSeen": "TRUE" if m.hs_recorded else "FALSE",
         # D's pool in requests (decode_mapping.d_capacity); unknown: every request fits
@@ -143,6 +148,8 @@ def validate_decode(events: list[Event], work: Path, bugs: tuple[str, ...] = BUG
                     engine: str | None = None,
                     producer: str | None = None) -> DecodeValidation:  # fmt: skip
     m = map_decode(events, engine, producer)
+    if transfer(m.start) == "push":  # Decode.tla's push designs (its ASSUME)
+        bugs = tuple(b for b in bugs if b in PUSH_BUGS)
     return DecodeValidation(m, [check_bug(m, b, work / "decode") for b in bugs])
 
 

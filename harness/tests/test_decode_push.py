@@ -1,0 +1,76 @@
+"""Push mode on the decode side (spec/Decode.tla's Transfer = "push", DecodeTrace.tla):
+a real push D (conformance/recorded/pd-push, vLLM 0.32's NixlPushConnector) posts no
+READ, registers its blocks once its handshake with P returns and reports both receives
+one step later, when P's WRITEs have landed. Admitted by 0.32's design; the same log read
+as pull (D would READ after the handshake) is rejected at that report, and so is the
+report moved before D's handshake returned (nothing could have been registered)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from kvspec.decode import PUSH_BUGS
+from kvspec.record.decode_mapping import DecodeMapped, map_decode
+from kvspec.record.log import Event, read_dir
+from kvspec.validate_decode import check_bug, constants
+
+RUN = Path(__file__).resolve().parents[2] / "conformance" / "recorded" / "pd-push"
+
+
+def _verdict(m: DecodeMapped, tmp: Path) -> tuple[str, int]:
+    v = check_bug(m, "none", tmp)
+    if v.verdict == "inconclusive":  # TLC timed out twice (a loaded machine): no verdict
+        pytest.skip(f"inconclusive: {v.detail}")
+    return v.verdict, v.explained
+
+
+def _report(m: DecodeMapped) -> int:
+    """The log index of D's step that reports both receives."""
+    return next(n for n, e in enumerate(m.log) if e.a == "execute" and any(e.out))
+
+
+def _sorted(events: list[Event]) -> list[Event]:
+    return sorted(events, key=lambda e: (e.t_ns, e.pid, e.seq))  # read_dir's order
+
+
+def test_a_push_d_maps_with_push_constants_and_no_read() -> None:
+    m = map_decode(read_dir(RUN))
+    c = constants(m, "none")
+    assert (c["Transfer"], c["PushHandshakeFail"], c["Composition"]) == ('"push"', "TRUE",
+                                                                        '"nixl"')  # fmt: skip
+    assert not any(any(e.reads) for e in m.log)
+    hs = next(n for n, e in enumerate(m.log) if e.a == "hs")
+    assert hs < _report(m)
+    # Decode.tla's ASSUME: push has the scheduler's and the base worker's bugs only
+    assert PUSH_BUGS == ("none", "abort-frees-at-once", "failure-only-logged")
+
+
+@pytest.mark.slow  # an admitted side: make test-full
+def test_the_real_push_ds_run_is_admitted(tmp_path: Path) -> None:
+    m = map_decode(read_dir(RUN))
+    assert _verdict(m, tmp_path) == ("admitted", len(m.log))
+
+
+def test_negative_control_the_same_log_read_as_pull_is_rejected_at_the_report(
+    tmp_path: Path,
+) -> None:
+    events = [dataclasses.replace(e, result={**e.result, "connector": "NixlConnector"})
+              if e.call == "start" else e for e in read_dir(RUN)]  # fmt: skip
+    m = map_decode(events)
+    assert constants(m, "none")["Transfer"] == '"pull"'
+    # a pulling D posts its READs after the handshake; the recording has none
+    assert _verdict(m, tmp_path) == ("rejected", _report(m))
+
+
+def test_negative_control_a_report_before_ds_handshake_is_rejected_there(
+    tmp_path: Path,
+) -> None:
+    events = read_dir(RUN)
+    hs = next(e for e in events if e.engine == "D" and e.call == "handshake")
+    report = next(e for e in events if e.engine == "D" and e.ids("finished_recving"))
+    # the handshake now returns after the report: nothing was registered with P before it
+    late = dataclasses.replace(hs, t_ns=report.t_ns + 1)
+    m = map_decode(_sorted([late if e is hs else e for e in events]))
+    assert _verdict(m, tmp_path) == ("rejected", _report(m))
