@@ -300,7 +300,9 @@ RankExec(w, m, end) ==
                      IF r \in aw /\ p \in Reads(w)
                      THEN IF Transfer = "push" THEN "reg" ELSE end[<<w, r, p>>]
                      ELSE h[w][r][p]]]
-        xf1 == xf[w] \cup aw
+        \* push seeds _recving_transfers only as the last notification is counted, in the
+        \* poll that pops it (push_worker.py:779-786): never between steps
+        xf1 == IF Transfer = "push" THEN xf[w] ELSE xf[w] \cup aw
         \* a failed handshake's entries (BW:2871-2889): reported failed where registered
         \* (awaited: PW:73-74), dropped otherwise; never in _recving_transfers
         hf == hfl[w] \cap (reg[w] \cup m.aw)

@@ -15,8 +15,9 @@ from kvspec.itf import value_from_itf
 
 # Decode.tla variables per lane, in the order they are shown.
 LANES = {
-    "D scheduler": ("st", "fRecv", "fFail", "sendPend", "crashed", "steps"),
-    "D workers": ("reg", "xf", "h"),
+    # hbOff: push's proposed registration timeout; hfl: receives a worker reports failed
+    "D scheduler": ("st", "fRecv", "fFail", "sendPend", "crashed", "steps", "hbOff"),
+    "D workers": ("reg", "xf", "h", "hfl"),
     "producer ranks": ("pin", "pst"),
 }
 # Map entries not worth a cell: an empty set or map, False, 0, "none" (as _short prints them).
