@@ -57,6 +57,9 @@ CONSTANTS
                   \* registers its blocks with P, PUSH_REG, and P's writer WRITEs them)
     PushHandshakeFail, \* push: P's handshake with D, which P's writer starts when it
                   \* matches D's registration, may fail; P then never WRITEs r
+    LateArrival,  \* a request may reach D's scheduler after P's lease on it ran out (a
+                  \* proxy, or D's queue before add_request, slower than the lease;
+                  \* LeaseClock.tla's unsafe ratios): P freed it unread
     PushWatchdog, \* a proposal, not in 0.32 ("none"): a D-side registration timeout that
                   \* does what push_scheduler.py's docstring says its watchdog does
                   \* ("fails requests that have been registered but not fulfilled"; the
@@ -78,6 +81,7 @@ ASSUME
     /\ SplitCallbacks \in BOOLEAN /\ ProducerHangs \in BOOLEAN /\ ReadDeadline \in BOOLEAN
     /\ Transfer \in {"pull", "push"} /\ PushHandshakeFail \in BOOLEAN
     /\ PushHandshakeFail => Transfer = "push"
+    /\ LateArrival \in BOOLEAN
     /\ PushWatchdog \in {"none", "at-once", "after-lease"}
     /\ PushWatchdog # "none" => Transfer = "push"
     \* push: one NIXL connector, no MLA notify-only path; the bugs of the history that are
@@ -574,9 +578,12 @@ WorkersStepAgain == Live \/ cleanup # {} \/ \E i \in 1 .. Len(steps) : ~steps[i]
 \* Push: D's heartbeats keep the lease in the same way (the base scheduler's); a
 \* registration P holds the blocks for is matched (push_write) before the lease can run
 \* out, so no lease passes one ("reg"); a lost one is waited out.
+\* LateArrival: the lease may also run out before D's scheduler admits r ("new"; D
+\* heartbeats it from add_request, BS:199-238, too late for a lease already gone).
 lease_expire(p, r) ==
     /\ pst[p][r] = "held"
     /\ ~(st[r] \in {"new", "wfrk"} /\ r \notin fRecv /\ r \notin hbOff)
+       \/ (LateArrival /\ st[r] = "new" /\ \A w \in DRanks : h[w][r][p] = "none")
     /\ \A i \in 1 .. Len(steps) : steps[i].ran \/ r \notin steps[i].recv
     /\ r \notin cleanup
     /\ \A w \in DRanks : h[w][r][p] \notin {"proc", "reg"}

@@ -69,6 +69,7 @@ DECODE = Sweep(
         Const("ReadDeadline", "read_deadline", "bool"),
         Const("Transfer", "transfer", "str", ("pull", "push")),
         Const("PushHandshakeFail", "push_handshake_fail", "bool"),
+        Const("LateArrival", "late_arrival", "bool"),
         Const("PushWatchdog", "push_watchdog", "str", ("none", "at-once", "after-lease")),
         Const("InStepEnd", "in_step_end", "bool"),
         Const("Bug", "bug", "str", BUGS),

@@ -119,7 +119,7 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
         elif len(p_ids) > 1 or len(d_ids) > 1:
             _xpyd(sc, engines[:len(p_ids)], engines[len(p_ids):], ps, res, step_s)
         else:
-            _one_pair(sc, engines, ps, res, step_s)
+            _one_pair(sc, engines, ps, res, step_s, lambda: frees("P-scheduler-*.ndjson"))
         # every request freed, but the one a crashed producer held
         want = (sc.requests - len(sc.abort)) * sc.p_n - sc.p_crashes
         if not wait_until(lambda: frees() >= want, step_s):
@@ -144,6 +144,14 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
         if sc.p_crashes and eid == "P":  # killed holding request 2: its blocks died with it
             res.checks.append(Check("P freed request 1 before its crash", len(freed) == 1,
                                     f"{len(freed)} requests freed"))  # fmt: skip
+            continue
+        if sc.stalls and eid.startswith("D"):  # Decode.tla HeldReleased, violated
+            pd = {r for r in freed if not r.startswith("local")}  # D's P/D requests freed
+            res.checks.append(Check(f"{eid} keeps the aborted requests' blocks (their receive "
+                                    "is outstanding; no WRITE can come)", base is not None
+                                    and last is not None and last < base and not pd,
+                                    f"baseline {base}, end {last}, P/D requests freed "
+                                    f"{sorted(pd)}"))  # fmt: skip
             continue
         res.checks.append(Check(f"{eid} free blocks back to baseline", base is not None
                                 and base == last, f"baseline {base}, end {last}, "

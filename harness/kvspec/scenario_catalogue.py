@@ -96,6 +96,15 @@ class Scenario:
     # ... and P stays hung this many seconds more before the kill (0: only D's polls):
     # 0.32's D has no deadline for a READ in flight (spec/README.md, ProducerHangs)
     hang_s: float = 0.0
+    # D is handed P's requests only once P freed them at its lease (a proxy, or D's queue
+    # before add_request, slower than the lease: Decode.tla's LateArrival). In push mode P
+    # then has no blocks to WRITE and D waits until its client aborts (d_abort_after_s)
+    late: bool = False
+
+    @property
+    def stalls(self) -> bool:
+        """D waits for a WRITE that cannot come: push, handed on after P's lease."""
+        return self.late and self.connector == "NixlPushConnector"
 
     @property
     def p_crashes(self) -> bool:
@@ -146,6 +155,12 @@ SCENARIOS = {
                  "given P's request ids as a proxy does, registers its blocks with P, "
                  "PUSH_REG; P's writer thread WRITEs them)",
                  connector="NixlPushConnector", lease=120),
+        # Decode.tla push-p1-d1-late-arrival(-abort): WaitingLeaves and HeldReleased violated
+        Scenario("pd-push-late", "push mode, D handed P's requests only once P freed them at "
+                 "its 6 s lease: D registers its blocks, P has nothing to WRITE, D waits "
+                 "until its client aborts both (20 s) and keeps their blocks, the receive "
+                 "outstanding", connector="NixlPushConnector", lease=6, late=True,
+                 d_abort=(0, 1), d_abort_after_s=20),
         Scenario("pd-mla", "P -> D over NIXL with an MLA model (DeepSeek-V2-shaped, CPU_MLA)",
                  model="mla", lease=120),
         Scenario("pd-abort", "P -> D, 3 requests; the client aborts the second on P at once",

@@ -86,8 +86,10 @@ def wait_until(pred: Callable[[], bool], timeout_s: float, *,
 
 
 def _one_pair(sc: Scenario, engines: list[EngineProc], ps: list[list[int]],
-              res: ScenarioResult, step_s: float) -> None:  # fmt: skip
-    """One producer, at most one decode engine: P prefills, D decodes what P handed on."""
+              res: ScenarioResult, step_s: float,
+              p_frees: Callable[[], int] | None = None) -> None:  # fmt: skip
+    """One producer, at most one decode engine: P prefills, D decodes what P handed on
+    (sc.late: once P freed them, p_frees counting P's frees)."""
     ask_p = {"cmd": "generate", "prompts": ps, "max_tokens": 1, "remote_decode": True,
              "tag": "p", "abort": list(sc.abort), "n": sc.p_n}  # fmt: skip
     handed: list[dict[str, Any]] = []
@@ -101,6 +103,9 @@ def _one_pair(sc: Scenario, engines: list[EngineProc], ps: list[list[int]],
     params = [pre["outputs"][n]["params"] for n in kept]
     if sc.dead_port:
         params = [{**x, "remote_port": free_port()} for x in params]
+    if sc.late and p_frees is not None and not wait_until(lambda: p_frees() >= len(kept),
+                                                          step_s):  # fmt: skip
+        raise EngineTimeout(f"P did not free its requests at its lease in {step_s:.0f} s")
     if sc.consumer:
         d = engines[1]
         # push mode: P's writer matches D's PUSH_REG to its finished blocks by request id,
@@ -163,6 +168,11 @@ def _outputs_check(sc: Scenario, got: list[dict[str, Any]],
                    ref: list[dict[str, Any]]) -> Check:  # fmt: skip
     """D's outputs against a local run of the same prompts; where D's load fails under the
     "fail" policy, every request must end in error instead (FinishReason.ERROR)."""
+    if sc.stalls:
+        reasons = [o.get("finish") or ("abort" if o.get("aborted") else None) for o in got]
+        return Check("D never received P's requests (P freed them at its lease first): "
+                     "its client aborted them", reasons == ["abort"] * len(got),
+                     f"finish reasons {reasons}")  # fmt: skip
     kept = [n for n in range(len(got)) if n not in sc.d_abort]  # D's aborts: no output
     if (sc.dead_port or sc.refused) and sc.load_policy != "recompute":
         reasons = [got[n].get("finish") for n in kept]

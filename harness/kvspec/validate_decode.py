@@ -75,6 +75,8 @@ def constants(m: DecodeMapped, bug: str) -> dict[str, str]:
         "Transfer": f'"{transfer(m.start)}"',
         "PushHandshakeFail": "TRUE" if transfer(m.start) == "push" else "FALSE",
         "PushWatchdog": '"none"',
+        # P's lease is silent on the decode side: it may have run out before D's add_request
+        "LateArrival": "TRUE",
         # the recorder wrote D's handshakes: each ends only where the log says
         "HsSeen": "TRUE" if m.hs_recorded else "FALSE",
         # D's pool in requests (decode_mapping.d_capacity); unknown: every request fits

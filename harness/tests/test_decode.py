@@ -44,11 +44,13 @@ def test_every_bug_is_a_known_bad_row_and_shipped_rows_hold() -> None:
     assert stalls and all(r.expect["WaitingLeaves"] == "violated" for r in stalls)
     deadline = [r for r in hangs if r.consts["ReadDeadline"]]
     assert deadline and all(r.expect["HeldReleased"] == "violated" for r in deadline)
-    # push: a registration P never WRITEs (its handshake with D failed, or the WRITE did)
-    # stalls D's waiting request in 0.32 too, and the pull deadline cannot free its blocks;
-    # the proposed watchdog fails it safely only once P's lease has run out
+    # push: a registration P never WRITEs (its handshake with D failed, the WRITE did, or
+    # r reached D after P's lease) stalls D's waiting request in 0.32 too, and the pull
+    # deadline cannot free its blocks; the proposed watchdog fails it safely only once
+    # P's lease has run out
     push = [r for r in shipped if r.consts["Transfer"] == "push"]
-    lost = [r for r in push if r.consts["PushHandshakeFail"] or r.consts["ReadFail"]]
+    lost = [r for r in push if r.consts["PushHandshakeFail"] or r.consts["ReadFail"]
+            or r.consts["LateArrival"]]  # fmt: skip
     push_stalls = [r for r in lost if r.consts["PushWatchdog"] == "none"
                    and not r.consts["ReadDeadline"]]  # fmt: skip
     assert push_stalls and all(r.expect["WaitingLeaves"] == "violated" for r in push_stalls)
