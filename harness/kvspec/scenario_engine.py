@@ -143,6 +143,13 @@ def _generate(llm: Any, prompts: list[Any], sps: list[Any], tag: str,
     else:
         engine.abort_request(gone)
     done: dict[str, Any] = {}
+    if len(gone) == len(ids):
+        # Every request aborted: no output may ever come (a push D that waits for a WRITE
+        # that cannot come produces none, and engine.step() would wait for ever), so do not
+        # step; the engine core steps by itself in its own process.
+        if timer is not None:
+            timer.join()
+        return [{"tokens": [], "params": None, "aborted": True} for _ in ids]
     while len(done) < len(ids):
         for out in engine.step():
             if out.finished and out.request_id in ids:

@@ -116,28 +116,26 @@ class EngineProc:
 
     def close(self) -> None:
         """Ask the engine to exit, kill its process group after grace_s, and append the
-        exchange timings to its log. Idempotent."""
+        exchange timings to its log. Idempotent. The group is killed even where the wait
+        is interrupted (Ctrl-C): vLLM's children run in the engine's own session, so
+        nothing else would stop them."""
         if self._log.closed:
             return
-        if self.proc.poll() is None:
-            try:
-                assert self.proc.stdin is not None
-                self.proc.stdin.write(b'{"cmd": "exit"}\n')
-                self.proc.stdin.flush()
-                self.proc.wait(self.grace_s)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
-        else:
+        try:
+            if self.proc.poll() is None:
+                try:
+                    assert self.proc.stdin is not None
+                    self.proc.stdin.write(b'{"cmd": "exit"}\n')
+                    self.proc.stdin.flush()
+                    self.proc.wait(self.grace_s)
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
+        finally:
             try:  # vLLM's engine-core and worker children share the group
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        self._log.writelines(f"kvspec scenario: {t:.3f} {kind} {what}\n".encode()
-                             for t, kind, what in self.timings)  # fmt: skip
-        self._log.close()
+            self.proc.wait()
+            self._log.writelines(f"kvspec scenario: {t:.3f} {kind} {what}\n".encode()
+                                 for t, kind, what in self.timings)  # fmt: skip
+            self._log.close()

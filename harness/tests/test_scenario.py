@@ -46,6 +46,25 @@ def test_an_engine_killed_by_a_signal_is_a_timeout(tmp_path: Path) -> None:
     e.close()
 
 
+def test_close_kills_the_engine_even_where_its_wait_is_interrupted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # an engine that ignores "exit", and a Ctrl-C during close's graceful wait: the engine
+    # (in its own session, out of the terminal's reach) must still be killed
+    e = EngineProc(NEVER, {}, tmp_path / "e.log", grace_s=600)
+    real = e.proc.wait
+
+    def interrupted(timeout: float | None = None) -> int:
+        if timeout is not None:
+            raise KeyboardInterrupt
+        return real()
+
+    monkeypatch.setattr(e.proc, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        e.close()
+    assert e.proc.poll() is not None
+
+
 def test_a_scenario_whose_engine_crashes_fails_without_a_retry(tmp_path: Path) -> None:
     r = run_scenario(SCENARIOS["pd-basic"], tmp_path, engine_cmd=DIES, grace_s=0.1)
     assert r.verdict == "fail" and r.detail.startswith("crash: engine exited with 3")

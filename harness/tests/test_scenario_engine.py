@@ -93,3 +93,26 @@ def test_a_timed_abort_is_made_before_the_answer_even_if_the_rest_finished_first
     out = _generate(llm, [[1], [2]], [None, None], "d", {1}, abort_after_s=0.05)
     assert llm.llm_engine.aborted == ["d1"]  # joined: made before _generate returned
     assert out[1].get("aborted")
+
+
+class _SilentEngine(_Engine):
+    """No output ever comes (a push D waiting for a WRITE that cannot come): a step()
+    would wait for ever."""
+
+    def abort_request(self, ids: list[str]) -> None:
+        self.aborted += ids  # from the timer thread; nothing waits for a step
+
+    def step(self) -> list[_Out]:
+        raise AssertionError("stepped: with every request aborted no output may come")
+
+
+class _SilentLLM:
+    def __init__(self) -> None:
+        self.llm_engine = _SilentEngine()
+
+
+def test_with_every_request_aborted_later_the_client_never_steps() -> None:
+    llm = _SilentLLM()
+    out = _generate(llm, [[1], [2]], [None, None], "d", {0, 1}, abort_after_s=0.01)
+    assert llm.llm_engine.aborted == ["d0", "d1"]  # joined: made before the answer
+    assert all(o.get("aborted") for o in out)
