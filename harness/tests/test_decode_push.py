@@ -74,3 +74,34 @@ def test_negative_control_a_report_before_ds_handshake_is_rejected_there(
     late = dataclasses.replace(hs, t_ns=report.t_ns + 1)
     m = map_decode(_sorted([late if e is hs else e for e in events]))
     assert _verdict(m, tmp_path) == ("rejected", _report(m))
+
+
+LATE = RUN.parent / "pd-push-late"
+
+
+def test_a_push_request_reaching_d_after_ps_lease_is_never_received_and_stays_held() -> None:
+    """pd-push-late (real 0.32 engines): P freed both requests at its lease before D got
+    them; D registered, was never written, and kept both aborted requests' blocks to the
+    end of the run: the prefix of Decode.tla's push-p1-d1-late-arrival-abort
+    counterexample (HeldReleased)."""
+    events = read_dir(LATE)
+    p_free = max(e.t_ns for e in events if e.engine == "P" and e.call == "free_blocks")
+    d_add = min(e.t_ns for e in events if e.engine == "D" and e.call == "add_request")
+    assert p_free < d_add  # P's lease freed them before D had them
+    m = map_decode(events)
+    # both aborted (vLLM's finish_requests runs twice per abort: the second a no-op),
+    # neither ever received
+    assert {e.r for e in m.log if e.a == "abort"} == {1, 2}
+    assert not any(e.recv for e in m.log if e.a == "update")
+    pd = set(m.requests)
+    d_sched = [e for e in events if e.engine == "D" and e.role == "scheduler"]
+    assert not any(set(e.reqs) & pd for e in d_sched if e.call == "free_blocks")
+    base = next(e.result["free"] for e in d_sched if e.call == "add_request")
+    end = [e.result["free"] for e in d_sched if e.call == "free_blocks"][-1]
+    assert base - end == 4  # expect.json's d_blocks_held: two requests of two blocks
+
+
+@pytest.mark.slow  # an admitted side: make test-full
+def test_the_late_push_ds_run_is_admitted(tmp_path: Path) -> None:
+    m = map_decode(read_dir(LATE))
+    assert _verdict(m, tmp_path) == ("admitted", len(m.log))
