@@ -113,6 +113,13 @@ def action_of(name: str, a: State, b: State) -> str:
     if name == "lease_expire":
         ((p, r),) = _changed(a, b, "pst")
         return f"lease_expire({p}, {r})"
+    if name in ("push_write", "push_lost"):  # push rows: named, not driven (pull driver)
+        ((w, r, p),) = _changed(a, b, "h")
+        return f"{name}({w}, {r}, {p})"
+    if name in ("watchdog", "watchdog_fail"):  # PushWatchdog, a proposal
+        var = "hbOff" if name == "watchdog" else "hfl"
+        (r,) = {x[-1] for x in _changed(a, b, var)}
+        return f"{name}({r})"
     raise DotError(f"Decode.tla edge labelled {name!r}: unknown action")
 
 

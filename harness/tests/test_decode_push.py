@@ -105,3 +105,19 @@ def test_a_push_request_reaching_d_after_ps_lease_is_never_received_and_stays_he
 def test_the_late_push_ds_run_is_admitted(tmp_path: Path) -> None:
     m = map_decode(read_dir(LATE))
     assert _verdict(m, tmp_path) == ("admitted", len(m.log))
+
+
+def test_push_actions_of_a_counterexample_are_named() -> None:
+    # kvspec.decode_traces reads each step's action off its state change (report lanes,
+    # counterexample traces); push's and the proposed watchdog's included
+    from kvspec.decode_traces import action_of
+
+    def h(x: str) -> dict[int, dict[int, dict[int, str]]]:
+        return {0: {1: {0: x}}}
+
+    assert action_of("push_write", {"h": h("reg")}, {"h": h("proc")}) == "push_write(0, 1, 0)"
+    assert action_of("push_lost", {"h": h("reg")}, {"h": h("lost")}) == "push_lost(0, 1, 0)"
+    off, on = {"hbOff": frozenset()}, {"hbOff": frozenset({2})}
+    assert action_of("watchdog", off, on) == "watchdog(2)"
+    before, after = {"hfl": {0: frozenset()}}, {"hfl": {0: frozenset({2})}}
+    assert action_of("watchdog_fail", before, after) == "watchdog_fail(2)"
