@@ -12,22 +12,16 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from decode_checks import decode_verdict
 from kvspec.record.decode_mapping import DecodeMapped, map_decode
 from kvspec.record.log import Event, read_dir
-from kvspec.validate_decode import check_bug, constants
+from kvspec.validate_decode import constants
 
 RUN = Path(__file__).resolve().parents[2] / "conformance" / "recorded" / "pd-decode-abort-handshake"
 
 
 def _events() -> list[Event]:
     return read_dir(RUN)
-
-
-def _verdict(m: DecodeMapped, tmp: Path) -> tuple[str, int]:
-    v = check_bug(m, "none", tmp)
-    if v.verdict == "inconclusive":  # TLC timed out twice (a loaded machine): no verdict
-        pytest.skip(f"inconclusive: {v.detail}")
-    return v.verdict, v.explained
 
 
 def _first_read(m: DecodeMapped) -> int:
@@ -50,7 +44,7 @@ def test_the_recorded_handshake_is_observed_and_admitted(tmp_path: Path) -> None
     assert [(e.w, e.ok) for e in hs] == [(0, True)]
     assert constants(m, "none")["HsSeen"] == "TRUE"
     assert m.log.index(hs[0]) < _first_read(m)  # it returned before D's first READ
-    assert _verdict(m, tmp_path) == ("admitted", len(m.log))
+    assert decode_verdict(m, tmp_path) == ("admitted", len(m.log))
 
 
 def test_a_handshake_returning_after_the_first_read_is_rejected_there(tmp_path: Path) -> None:
@@ -64,7 +58,7 @@ def test_a_handshake_returning_after_the_first_read_is_rejected_there(tmp_path: 
     m = map_decode(_replaced(events, hs, late))
     first = _first_read(m)
     assert m.log[first + 1].a == "hs"
-    assert _verdict(m, tmp_path) == ("rejected", first)
+    assert decode_verdict(m, tmp_path) == ("rejected", first)
 
 
 def test_a_failed_handshake_cannot_have_posted_reads(tmp_path: Path) -> None:
@@ -72,7 +66,7 @@ def test_a_failed_handshake_cannot_have_posted_reads(tmp_path: Path) -> None:
     hs = _handshake(events)
     failed = dataclasses.replace(hs, result={**hs.result, "ok": False})
     m = map_decode(_replaced(events, hs, failed))
-    assert _verdict(m, tmp_path) == ("rejected", _first_read(m))
+    assert decode_verdict(m, tmp_path) == ("rejected", _first_read(m))
 
 
 @pytest.mark.slow  # an admitted side: make test-full
@@ -82,4 +76,4 @@ def test_without_the_handshake_recorded_it_stays_silent(tmp_path: Path) -> None:
     events = _events()
     m = map_decode(_replaced(events, _handshake(events), None))
     assert not m.hs_recorded and all(e.a != "hs" for e in m.log)
-    assert _verdict(m, tmp_path) == ("admitted", len(m.log))
+    assert decode_verdict(m, tmp_path) == ("admitted", len(m.log))

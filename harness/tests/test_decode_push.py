@@ -11,19 +11,13 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from decode_checks import decode_verdict
 from kvspec.decode import PUSH_BUGS
 from kvspec.record.decode_mapping import DecodeMapped, map_decode
 from kvspec.record.log import Event, read_dir
-from kvspec.validate_decode import check_bug, constants
+from kvspec.validate_decode import constants
 
 RUN = Path(__file__).resolve().parents[2] / "conformance" / "recorded" / "pd-push"
-
-
-def _verdict(m: DecodeMapped, tmp: Path) -> tuple[str, int]:
-    v = check_bug(m, "none", tmp)
-    if v.verdict == "inconclusive":  # TLC timed out twice (a loaded machine): no verdict
-        pytest.skip(f"inconclusive: {v.detail}")
-    return v.verdict, v.explained
 
 
 def _report(m: DecodeMapped) -> int:
@@ -50,7 +44,7 @@ def test_a_push_d_maps_with_push_constants_and_no_read() -> None:
 @pytest.mark.slow  # an admitted side: make test-full
 def test_the_real_push_ds_run_is_admitted(tmp_path: Path) -> None:
     m = map_decode(read_dir(RUN))
-    assert _verdict(m, tmp_path) == ("admitted", len(m.log))
+    assert decode_verdict(m, tmp_path) == ("admitted", len(m.log))
 
 
 def test_negative_control_the_same_log_read_as_pull_is_rejected_at_the_report(
@@ -61,7 +55,7 @@ def test_negative_control_the_same_log_read_as_pull_is_rejected_at_the_report(
     m = map_decode(events)
     assert constants(m, "none")["Transfer"] == '"pull"'
     # a pulling D posts its READs after the handshake; the recording has none
-    assert _verdict(m, tmp_path) == ("rejected", _report(m))
+    assert decode_verdict(m, tmp_path) == ("rejected", _report(m))
 
 
 def test_negative_control_a_report_before_ds_handshake_is_rejected_there(
@@ -73,7 +67,7 @@ def test_negative_control_a_report_before_ds_handshake_is_rejected_there(
     # the handshake now returns after the report: nothing was registered with P before it
     late = dataclasses.replace(hs, t_ns=report.t_ns + 1)
     m = map_decode(_sorted([late if e is hs else e for e in events]))
-    assert _verdict(m, tmp_path) == ("rejected", _report(m))
+    assert decode_verdict(m, tmp_path) == ("rejected", _report(m))
 
 
 LATE = RUN.parent / "pd-push-late"
@@ -104,7 +98,7 @@ def test_a_push_request_reaching_d_after_ps_lease_is_never_received_and_stays_he
 @pytest.mark.slow  # an admitted side: make test-full
 def test_the_late_push_ds_run_is_admitted(tmp_path: Path) -> None:
     m = map_decode(read_dir(LATE))
-    assert _verdict(m, tmp_path) == ("admitted", len(m.log))
+    assert decode_verdict(m, tmp_path) == ("admitted", len(m.log))
 
 
 def test_push_actions_of_a_counterexample_are_named() -> None:
