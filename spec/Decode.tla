@@ -282,9 +282,9 @@ Ends == IF ~InStepEnd THEN {"proc"} ELSE IF ReadFail THEN {"proc", "done", "err"
 \* metadata for failure recovery", 0.29 pull_worker.py:64-65). Such an entry is never
 \* awaited, so never done, so never popped (0.29 base_worker.py:2244): a leak of metadata
 \* on every D worker, not of blocks.
-\* Push: every entry too (push_worker.py start_load_kv, 175-197, has no awaited filter), so
+\* Push: every entry too (push_worker.py start_load_kv, 171-197, has no awaited filter), so
 \* the no-block entry request_finished queues for a request aborted before D scheduled it
-\* (push_scheduler.py:230-233) stays in _recving_metadata: the same metadata leak.
+\* (push_scheduler.py:233-245) stays in _recving_metadata: the same metadata leak.
 Registered(m) == IF Bug = "v0.29-register-all" \/ Transfer = "push" THEN m.recv ELSE m.aw
 
 (* end[<<w, r, p>>]: the state at the poll of each READ posted this step.  *)
@@ -451,18 +451,19 @@ xfer_end(w, r, p, ok) ==
        THEN /\ pcnt' = [pcnt EXCEPT ![p][r] = @ + 1]
             /\ pst' = [pst EXCEPT ![p][r] = IF pcnt[p][r] + 1 >= Consumers THEN "notified"
                                             ELSE "held"]
-       ELSE UNCHANGED <<hbOff, pcnt, pst>>
+       ELSE UNCHANGED <<pcnt, pst>>
     /\ failed' = IF ok THEN failed ELSE failed \cup {r}
     /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf,
                    rem, echo, hsv>>
 
-(* Push: producer rank p's writer thread has D's registration of r (PUSH_REG*)
-(* via get_new_notifs) and r's finished blocks (push_finished_blocks) and   *)
-(* matches them (_handle_push_reg_notif / _pop_matching_registration,      *)
-(* 297-315, 398-430), then, its handshake with D done, posts the WRITE     *)
-(* (_do_start_push_kv -> _xfer_blocks, 432-514, 631-745).  Needs r's blocks*)
-(* still held: once P's lease freed them the writer drops them             *)
-(* (_evict_finished_inbox, 262-271) and the registration waits unmatched.  *)
+(* Push: producer rank p's writer thread has D's registration of r, a      *)
+(* PUSH_REG from get_new_notifs, and r's finished blocks                    *)
+(* (push_finished_blocks), and matches them by request id less vLLM's      *)
+(* suffix (_handle_push_reg_notif, _pop_matching_registration: 297-315,    *)
+(* 398-430); its handshake with D done, it posts the WRITE                 *)
+(* (_do_start_push_kv -> _xfer_blocks, 432-514, 631-745).  It needs r's    *)
+(* blocks still held: once P's lease freed them the writer drops them      *)
+(* (_evict_finished_inbox, 268-276) and the registration waits unmatched.  *)
 push_write(w, r, p) ==
     /\ Transfer = "push" /\ h[w][r][p] = "reg" /\ pst[p][r] = "held"
     /\ h' = [h EXCEPT ![w][r][p] = "proc"]
@@ -529,7 +530,7 @@ handshake_fail(w) ==
     /\ hsq' = [hsq EXCEPT ![w] = {}]
     /\ IF SplitCallbacks
        THEN /\ cbq' = [cbq EXCEPT ![w] = @ \cup hsq[w]]
-            /\ UNCHANGED <<hbOff, hfl, failed>>
+            /\ UNCHANGED <<hfl, failed>>
        ELSE /\ hfl' = [hfl EXCEPT ![w] = @ \cup {e[1] : e \in hsq[w]}]
             /\ failed' = failed \cup {e[1] : e \in hsq[w]}
             /\ UNCHANGED cbq
@@ -558,7 +559,7 @@ deliver(p, r) ==
        THEN /\ pcnt' = [pcnt EXCEPT ![p][r] = @ + 1]
             /\ pst' = [pst EXCEPT ![p][r] = IF pcnt[p][r] + 1 >= Consumers THEN "notified"
                                             ELSE "held"]
-       ELSE UNCHANGED <<hbOff, pcnt, pst>>
+       ELSE UNCHANGED <<pcnt, pst>>
     /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
                    rem, failed, echo, hsv>>
 

@@ -47,6 +47,7 @@ def _clock(events: list[Event], tmp: Path) -> tuple[str, int]:
     return d.verdict, d.explained
 
 
+@pytest.mark.slow  # an admitted side: make test-full (its negative control stays)
 def test_the_clock_admits_the_sibling_freed_by_its_lease(tmp_path: Path) -> None:
     ev = _events()
     assert _clock(ev, tmp_path) == ("admitted", len(map_clock(ev).log))

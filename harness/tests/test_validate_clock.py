@@ -141,6 +141,7 @@ def test_negative_control_heartbeats_p_never_handled_cannot_keep_the_lease(
     assert log[explained].a == "execute" and log[explained].t in (7, 8)
 
 
+@pytest.mark.slow  # an admitted side: make test-full (its negative control stays)
 def test_a_real_heartbeat_kept_lease_with_a_late_producer_is_admitted(tmp_path: Path) -> None:
     """A real run (shm queue re-check shortened: P, not D, stalled). D's heartbeats kept
     the 12 s lease alive for 32 s; P's worker installed request 2's deadline 4.9 s late.
