@@ -155,6 +155,10 @@ SCENARIOS = {
                  "given P's request ids as a proxy does, registers its blocks with P, "
                  "PUSH_REG; P's writer thread WRITEs them)",
                  connector="NixlPushConnector", lease=120),
+        Scenario("pd-push-tp2", "push mode, P at TP 2 -> D at TP 1: both P ranks' writers "
+                 "match D's registration and WRITE their KV heads; D counts two "
+                 "notifications per request (push_worker.py _get_new_notifs)",
+                 connector="NixlPushConnector", tp=2, lease=120),
         # Decode.tla push-p1-d1-late-arrival(-abort): WaitingLeaves and HeldReleased violated
         Scenario("pd-push-late", "push mode, D handed P's requests only once P freed them at "
                  "its 6 s lease: D registers its blocks, P has nothing to WRITE, D waits "

@@ -124,3 +124,30 @@ def test_negative_control_the_real_runs_receives_before_its_writes_are_rejected_
 ) -> None:
     events = _real(recv_before_writes=True)
     assert _verdict(events, tmp_path) == ("rejected", _index(events, "recv"))
+
+
+TP2 = REAL.parent / "pd-push-tp2"
+
+
+def test_at_p_tp_2_each_rank_writes_and_a_write_after_its_ranks_report_is_rejected(
+    tmp_path: Path,
+) -> None:
+    """pd-push-tp2 (real 0.32 engines, P TP 2): both P ranks WRITE each request, one
+    push_write per (r, rank). Rank 1's WRITEs moved after its report of both requests
+    sent: a WRITE of blocks its rank no longer holds, rejected at the first of them.
+    (Dropping them is admitted: KVTrace has no time, and rank 1's report then reads as
+    its lease running out; KVClock, which tells them apart, models pull only.)"""
+    events = read_dir(TP2)
+    log = map_recording(events).log
+    assert sorted((e.r, e.w) for e in log if e.a == "write") == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert sum(e.a == "write" for e in log) == json.loads((TP2 / "expect.json").read_text())[
+        "writes"]
+    report = next(e for e in events if e.call == "get_transfer_results" and e.engine == "P"
+                  and e.rank == 1 and e.ids("finished_sending"))  # fmt: skip
+    late = sorted((dataclasses.replace(e, t_ns=report.t_ns + 1 + n) if e.call == "write"
+                   and e.rank == 1 else e for n, e in enumerate(events)),
+                  key=lambda e: (e.t_ns, e.pid, e.seq))  # fmt: skip
+    m = map_recording(late)
+    first = next(n for n, e in enumerate(m.log) if e.a == "write" and e.w == 1)
+    assert first > next(n for n, e in enumerate(m.log) if e.a == "execute" and e.out[1])
+    assert _verdict(late, tmp_path) == ("rejected", first)
