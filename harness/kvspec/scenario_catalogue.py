@@ -125,6 +125,12 @@ class Scenario:
                                       or self.p_engines > 1 or self.d_engines > 1):  # fmt: skip
             raise ValueError(f"{self.name}: a crash during a READ runs 2 requests, one P and "
                              "one D, no restart")
+        if self.connector == "NixlPushConnector" and (self.queued or self.kv_blocks):
+            # push pairs D's registration with P's blocks by request id: D's P/D requests
+            # must carry P's ids (scenario_flows._one_pair), which a queue of D's own
+            # requests ahead of them, or P streaming them one by one, would shift
+            raise ValueError(f"{self.name}: push runs D's P/D requests under P's ids: no "
+                             "local queue ahead of them, no producer pool bound")
 
     def tp_of(self, eid: str) -> int:
         """Engine eid's tensor-parallel size."""

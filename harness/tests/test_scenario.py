@@ -245,6 +245,8 @@ def test_xpyd_scenarios_refuse_what_only_one_pair_runs() -> None:
         dataclasses.replace(SCENARIOS["pd-p-crash-mid-read"], p_restart=True, requests=3)
     assert SCENARIOS["pd-p-crash-mid-read"].engine_ids() == (["P"], ["D"])
     dataclasses.replace(SCENARIOS["pd-basic"], abort=(1,))  # one pair: aborts are fine
+    with pytest.raises(ValueError, match="push runs D's P/D requests under P's ids"):
+        dataclasses.replace(SCENARIOS["pd-push"], queued=2)
     assert SCENARIOS["pd-1p2d"].engine_ids() == (["P"], ["D", "D2"])
     assert SCENARIOS["pd-2p1d"].engine_ids() == (["P", "P2"], ["D"])
 
