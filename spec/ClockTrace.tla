@@ -27,6 +27,9 @@
 (*  "fail"     D's scheduler processed r's failed receive of a READ it     *)
 (*             posted (the READ failed, silently, while P lived; or D had  *)
 (*             finished r and another D rank failed)                       *)
+(*  "write"    push: producer rank w's writer thread posted r's WRITE      *)
+(*             (KVClock's push_write: D's registration was there, P still    *)
+(*             held r's blocks); the WRITE ending is silent                 *)
 (*  "hs"       D's handshake with the producer succeeded (the first to)    *)
 (*  "hb"       a heartbeat naming the requests in `names` (D's tracked     *)
 (*             ones): swallowed by the pending handshake, or sent and lost  *)
@@ -96,6 +99,9 @@ Match(e) ==
             \* another D rank's READ of r from w (D TP > P TP): as KVTrace's
             /\ rd[e.r][e.w] = "inflight"
             /\ UNCHANGED <<vars, arrived, now>>
+      [] e.a = "write" ->
+            /\ push_write(e.r, e.w)
+            /\ UNCHANGED arrived
       [] e.a = "recv" ->
             /\ consumer_update(e.r)
             /\ UNCHANGED arrived
@@ -146,7 +152,7 @@ deadline_passes(w, r) ==
 Silent ==
     \/ \E r \in Reqs, w \in Ranks :
           \/ consumer_read_done(r, w) \/ consumer_get_finished(r, w) \/ store_complete(r, w)
-          \/ consumer_read_fails(r, w)
+          \/ consumer_read_fails(r, w) \/ push_write_done(r, w)
     \/ ~HsSeen /\ handshake_done
     \/ ~HbSeen /\ heartbeat
     \/ SubTick /\ \E w \in Ranks, r \in Reqs : deadline_passes(w, r)

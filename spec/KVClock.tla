@@ -32,7 +32,21 @@
 (* HbEvery 1, Extend 4.  Timers count down, so the state space is finite.  *)
 (* One clock for all ranks: the ranks' deadlines are rebased per process,   *)
 (* so only their rates matter, and perf_counter's rate is the same.         *)
-(* Pull mode only (push has its own WRITE-side lease, not modelled here).  *)
+(* Push mode (Transfer = "push", NixlPushConnector; PuS, PuW:             *)
+(* push_scheduler.py, push_worker.py): the lease is pull's (request_       *)
+(* finished stamps it, PuS:269-270; start_load_kv rebases it, PuW:217-226; *)
+(* the base reaper; _handle_heartbeat, reached through the writer thread's *)
+(* forwarded notifications, PuW:763-764).  What D did, P does: D's         *)
+(* registration (PUSH_REG, sent once D's handshake with P is done,         *)
+(* PuW:317-381) lets P's writer thread post r's WRITE (push_write) while   *)
+(* it holds r's blocks, on an expired lease too.  The reaper does not look *)
+(* at P's own WRITEs in flight (base_worker.py:3014-3040; PuW:833          *)
+(* "Expired requests were already reported, even if their WRITEs finish    *)
+(* later").                                                                *)
+(* A WRITE ending lands in D's blocks and is P's report together           *)
+(* (push_write_done: D's notification and P's handle, one bound RMax).    *)
+(* QMax bounds P returning r -> the WRITE posted (hand-off, D's queue, the *)
+(* registration, P's handshake with D).                                    *)
 (***************************************************************************)
 EXTENDS Naturals, FiniteSets, Sequences
 
@@ -67,7 +81,10 @@ CONSTANTS
                \* transfer, pull_worker.py:546-553); D's poll reports it failed
                \* (_pop_done_transfers, base_worker.py:3064-3114)
 
-ASSUME /\ Transfer = "pull"
+ASSUME /\ Transfer \in {"pull", "push"}
+       \* a READ's notification overtaking it, a READ failing: pull's (push: P's WRITE
+       \* and its completion are one party's)
+       /\ Transfer = "push" => ~NotifFirst /\ ~ReadFails
        /\ Lease \in Nat \ {0} /\ HbEvery \in Nat \ {0} /\ Extend \in Nat
        /\ AMax \in Nat /\ QMax \in Nat /\ RMax \in Nat \ {0} /\ NMax \in Nat /\ MaxLost \in Nat
        /\ DStall \in Nat /\ Swallow \in BOOLEAN /\ HsMax \in Nat /\ NotifFirst \in BOOLEAN
@@ -207,6 +224,7 @@ consumer_start_load_kv(r, w) ==
 
 (* The READ lands in D's blocks (D's get_transfer_results reports it).      *)
 consumer_read_done(r, w) ==
+    /\ Transfer = "pull"
     /\ Posted(r, w) /\ ~Ended(r, w)
     /\ land' = land \cup {<<r, w>>}
     /\ age' = [age EXCEPT ![r][w] = 0]
@@ -255,6 +273,33 @@ consumer_get_finished(r, w) ==
     \* an overtaking notification leaves the READ's own bound running
     /\ age' = [age EXCEPT ![r][w] = IF <<r, w>> \in land THEN 0 ELSE @]
     /\ UNCHANGED <<ttl, qage, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, failed>>
+
+(* Push: P's writer thread posts the WRITE of r from rank w.  D's          *)
+(* PUSH_REG is there: D tracks r, and its handshake with P is done (the    *)
+(* registration waits for it, PuW:317-381, as a READ does).  P's blocks    *)
+(* are at the writer: shipped with r's lease (KVCompletion's push_write: r *)
+(* installed on w), on a deadline that passed too (the writer does not     *)
+(* look at it).  Not modelled: the writer matching a PUSH_REG in the       *)
+(* moment between the reaper's report and the eviction it queues          *)
+(* (PuW:845), a race inside one P step.                                    *)
+push_write(r, w) ==
+    /\ r \in atD \ seen
+    /\ r \notin gone \/ DFinish
+    /\ hs # "pending"
+    /\ K!push_write(r, w)
+    /\ qage' = [qage EXCEPT ![r] = IF \A v \in Sources \ {w} : Posted(r, v) THEN 0 ELSE @]
+    /\ age' = [age EXCEPT ![r][w] = 0]
+    /\ UNCHANGED <<ttl, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, failed>>
+
+(* Push: every WRITE handle of r on rank w is done: the data is in D's      *)
+(* blocks, D's notification counts it, and rank w reports r at its next     *)
+(* get_transfer_results if it still tracks r (KVCompletion's              *)
+(* push_write_done; PuW:814-835).                                          *)
+push_write_done(r, w) ==
+    /\ K!push_write_done(r, w)
+    /\ land' = land \cup {<<r, w>>}
+    /\ age' = [age EXCEPT ![r][w] = 0]
+    /\ UNCHANGED <<ttl, qage, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, failed>>
 
 (* D gives up on a queued request for good.  Not fair.                      *)
 abandon(r) ==
@@ -368,12 +413,14 @@ Next ==
     \/ \E r \in Reqs, w \in Ranks :
           \/ consumer_start_load_kv(r, w) \/ consumer_read_done(r, w)
           \/ consumer_get_finished(r, w) \/ store_complete(r, w) \/ consumer_read_fails(r, w)
+          \/ push_write(r, w) \/ push_write_done(r, w)
     \/ heartbeat \/ handshake_done
     \/ tick
     \/ Done /\ UNCHANGED vars  \* the end: no deadlock
 
 (* Fair: P's engine loop (schedule, execute, update), the transfer (a       *)
-(* posted READ lands, its notification arrives), HF3FS stores, D's queue    *)
+(* posted READ lands, its notification arrives; push: D's registration     *)
+(* gets r's WRITE posted, the WRITE ends), HF3FS stores, D's queue          *)
 (* (a queued request is read: QMax bounds it unless D abandons it), the    *)
 (* heartbeat and the clock, D's report of a failed receive.  Not fair:    *)
 (* abort, abandon, D finishing a request early, a READ failing.           *)
@@ -386,6 +433,8 @@ Spec == Init /\ [][Next]_vars
         /\ WF_vars(\E r \in Reqs, w \in Ranks : consumer_read_done(r, w))
         /\ WF_vars(\E r \in Reqs, w \in Ranks : consumer_get_finished(r, w))
         /\ WF_vars(\E r \in Reqs, w \in Ranks : store_complete(r, w))
+        /\ WF_vars(\E r \in Reqs, w \in Ranks : push_write(r, w))
+        /\ WF_vars(\E r \in Reqs, w \in Ranks : push_write_done(r, w))
         /\ WF_vars(heartbeat) /\ WF_vars(handshake_done) /\ WF_vars(tick)
 
 TypeOK ==
@@ -404,6 +453,9 @@ TypeOK ==
 (* this is now a statement about Lease against QMax, RMax, the lost        *)
 (* heartbeats and DStall.                                                  *)
 \* (a READ that failed reads nothing D keeps: D discards r)
+\* Push: P frees r before its WRITE of r ended.  Under the WRITE, D gets the blocks'
+\* next contents (ReachFreeUnderWrite); before it was posted, no WRITE comes and D waits
+\* for it (Decode.tla's push rows: its registration watchdog does not free it).
 NoFreeUnderRead ==
     \A r \in atD \ gone : req[r] = "freed" => \A w \in Sources : Ended(r, w)
 
@@ -439,6 +491,9 @@ ReachReadThenFreed ==
 \* HeldReleased, #32255), which this model leaves to Decode.tla.
 ReachFreeUnderFinishedRead ==
     ~(\E r \in gone : req[r] = "freed" /\ \E w \in Sources : Pending(r, w) /\ <<r, w>> \notin land)
+\* Push: P frees r under its own WRITE of it (the reaper does not look at P's WRITEs).
+ReachFreeUnderWrite ==
+    ~(\E r \in Reqs, w \in Sources : req[r] = "freed" /\ rd[r][w] = "inflight")
 \* A READ failed, D reported it, and P freed r (at its lease: no notification comes).
 ReachFailedThenFreed ==
     ~(\E r \in seen : req[r] = "freed" /\ \E w \in Sources : <<r, w>> \in failed)

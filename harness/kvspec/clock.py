@@ -46,7 +46,7 @@ CLOCK = Sweep(
         ),  # fmt: skip
         Const("Runner", "runner", "str", ("v1", "v2")),
         Const("Reaper", "reaper", "str", ("full-scan", "early-break")),
-        Const("Transfer", "transfer", "str", ("pull",)),
+        Const("Transfer", "transfer", "str", ("pull", "push")),
         *(Const(n, k, "int") for n, k in _INTS.items()),
         *(Const(n, k, "bool") for n, k in _BOOLS.items()),
     ),
@@ -54,10 +54,10 @@ CLOCK = Sweep(
     # checked only in rows that name them: GuardsHold and the vacuity guard everywhere
     # (defaults), the fused-READ property where a row compares it with NoFreeUnderRead
     reach=("GuardsHold", "ReachReadThenFreed", "FusedNoFreeWhileInFlight",
-           "ReachFreeUnderFinishedRead", "ReachFailedThenFreed"),
+           "ReachFreeUnderFinishedRead", "ReachFailedThenFreed", "ReachFreeUnderWrite"),
     liveness=("EveryRequestDone", "DelayedEventuallyFreed"),
-    columns=("Variant", "TP", "PCP", "AMax", "QMax", "RMax", "MaxLost", "DStall", "HsMax",
-             "NotifFirst"),
+    columns=("Variant", "Transfer", "TP", "PCP", "AMax", "QMax", "RMax", "MaxLost", "DStall",
+             "HsMax", "NotifFirst"),
     title="producer engine against a lease clock (spec/KVClock.tla; ticks of lease / 6)",
     max_requests=2,
     modules=(REPO / "spec" / "KVCompletion.tla",),

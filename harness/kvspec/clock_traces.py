@@ -49,7 +49,7 @@ def model_row(row: SweepRow) -> ModelRow:
         row.name, str(c["Variant"]), str(c["Composition"]),
         Topology(int(c["TP"]), int(c["PP"]), int(c["PCP"])), row.requests,
         int(c["Capacity"]), bool(c["AsyncScheduling"]), runner=str(c["Runner"]),
-        reaper=str(c["Reaper"]), timing="untimed",
+        reaper=str(c["Reaper"]), transfer=str(c["Transfer"]), timing="untimed",
     )  # fmt: skip
 
 
@@ -99,7 +99,8 @@ def step_of(
     producer ranks D reads and heartbeats."""
     if action in ("schedule", "execute_model", "update_from_output", "tick", "handshake_done"):
         return action, ()
-    if action in ("consumer_start_load_kv", "consumer_get_finished"):
+    if action in ("consumer_start_load_kv", "consumer_get_finished", "push_write",
+                  "push_write_done"):
         return action, _rd_change(a, b)
     if action == "consumer_read_done":
         return action, tuple(_one(b["land"], a["land"], "land"))

@@ -56,6 +56,10 @@ def test_bad_matrix_is_one_line_and_exit_2(
         pytest.param("tp1-read-fails", True, marks=pytest.mark.slow),
         ("tp1-d-finish", False),
         pytest.param("tp1-d-finish", True, marks=pytest.mark.slow),
+        # push mode: known bad (P frees under its own WRITE), safety in make test (about
+        # 10 s of TLC); the good row's 28 s in make test-full
+        ("push-tp1-wait30s-hb-lost", False),
+        pytest.param("push-tp1-wait80s-hb-ok", True, marks=pytest.mark.slow),
     ],
 )
 def test_tlc_verdicts_are_the_expected_ones(name: str, live: bool, tmp_path: Path) -> None:
@@ -89,6 +93,12 @@ def test_tlc_verdicts_are_the_expected_ones(name: str, live: bool, tmp_path: Pat
         assert last["req"] == ["freed"] and last["land"] == {"#set": []}
         assert any(s["#meta"].get("action") == "tick" and s["expired"]["#map"][0][1]["#set"]
                    for s in states)  # fmt: skip
+    if name.startswith("push-") and res.verdicts["NoFreeUnderRead"] == "violated":
+        # push: P's writer posted the WRITE, and the reaper frees the blocks under it
+        assert res.verdicts["ReachFreeUnderWrite"] == "violated"
+        last = json.loads((tmp_path / name / "NoFreeUnderRead.itf.json").read_text())[
+            "states"][-1]
+        assert last["rd"][0]["#map"][0][1] == "inflight"
 
 
 def _st(**kw: Any) -> dict[str, Any]:
@@ -136,6 +146,11 @@ def test_step_of_reads_the_request_and_rank_off_the_change() -> None:
     assert _step(_st(), _st(gone=frozenset({1})), "consumer_finish") == ("consumer_finish", (1,))
     done = _st(seen=frozenset({1}), gone=frozenset({1}))
     assert _step(_st(), done, "consumer_fail") == ("consumer_fail", (1,))
+    # push: P's writer posts rank 0's WRITE of r 1; it ends (landed and P's report)
+    rd2 = (make_fn([(0, "inflight"), (1, "none")]),)
+    assert _step(_st(rd=rd0), _st(rd=rd2), "push_write") == ("push_write", (1, 0))
+    rd3 = (make_fn([(0, "done"), (1, "none")]),)
+    assert _step(_st(rd=rd2), _st(rd=rd3), "push_write_done") == ("push_write_done", (1, 0))
 
 
 def test_a_heartbeats_lost_messages_are_read_off_its_effect() -> None:

@@ -1,8 +1,10 @@
 """KVClock's kept counterexamples (conformance/clock/) replayed on the real classes: in
 vLLM 0.32 the producer engine frees a request's blocks while D has yet to READ them, step
 for step as TLC found it (three heartbeat messages lost, #21570; TP 2 with every message
-lost; PCP 2 with #53903's fix). Negative control: where the reaper never reaps (mutant
-`lease-never-expires`), the free at the trace's end cannot happen."""
+lost; PCP 2 with #53903's fix); in push mode (NixlPushConnector) it frees them under
+its own WRITE of them, still in flight (every heartbeat lost, D's wait 30 s). Negative
+control: where the reaper never reaps (mutant `lease-never-expires`), the free at the
+trace's end cannot happen."""
 
 from __future__ import annotations
 
@@ -34,12 +36,14 @@ def test_the_free_before_the_read_happens_in_vllm(path: Path) -> None:
 
 
 @pytest.mark.vllm
-def test_negative_control_a_reaper_that_never_reaps_cannot_free() -> None:
+@pytest.mark.parametrize("prefix", ["tp1-", "push-"])
+def test_negative_control_a_reaper_that_never_reaps_cannot_free(prefix: str) -> None:
     pytest.importorskip("nixl")
     from kvspec.mutations import Base, patched
     from kvspec.mutations.catalogue import MUTANTS
 
-    path = next(p for p in KEPT if p.name.startswith("tp1-"))  # the shipped design's
+    # the shipped design's, pull and push (push: the free under P's own WRITE)
+    path = next(p for p in KEPT if p.name.startswith(prefix))
     with patched(Base("v0.30-shipped"), MUTANTS["lease-never-expires"].patch):
         res = replay_regression(path, regression_row(path, ROWS))
     if res.timeout is not None:

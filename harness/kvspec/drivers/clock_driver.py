@@ -8,11 +8,14 @@ and in the driver's own view of them, by a clock the driver advances (lease_driv
 | producer steps, `consumer_start_load_kv(r, w)` | as `VllmDriver` |
 | `consumer_read_done(r, w)` | D's `get_transfer_results` reports the READ; bytes checked |
 | `consumer_get_finished(r, w)` | the READ's "r:1", arrived at rank w's agent, is delivered |
+| `push_write(r, w)` | D's PUSH_REG reaches rank w; its writer thread posts the real WRITE |
+| `push_write_done(r, w)` | the WRITE's handles are done, D's block checked: landed, reported |
 | `consumer_add_request(r)` | nothing real: D tracks r from now (its on_new_request) |
 | `consumer_update(r)` | nothing real: D stops tracking r (finished_recving seen) |
 | `heartbeat` | every D rank's `_send_heartbeats` (the requests D tracks); the message, once |
 | | it reached each producer rank's agent, is handed to that rank's next `_get_new_notifs` |
-| | (P's next step runs vLLM's `_handle_heartbeat`), unless the spec lost it there |
+| | (P's next step runs vLLM's `_handle_heartbeat`), unless the spec lost it there; |
+| | push: the rank's writer thread forwards it to the engine's queue first |
 | `heartbeat` (handshake not done) | vLLM's `_send_heartbeats` starts, or waits for, the |
 | | proactive handshake, held at the seam; nothing is sent |
 | `handshake_done` | the held handshake's exchange completes; vLLM's callbacks run |
@@ -139,6 +142,24 @@ class ClockDriver:
             raise MissingAction(f"consumer_get_finished({r}, {w}): no landed READ to notify")
         self.vd.deliver_notif(r, w)
 
+    def push_write(self, r: int, w: int) -> None:
+        """KVClock `push_write(r, w)`: D tracks r and its handshake with P is done; D's
+        PUSH_REG reaches rank w, whose writer thread posts the real WRITE (the vLLM
+        driver's `push_write`; on a lease whose deadline passed too: the writer does not
+        look at it, push_worker.py `_do_start_push_kv`)."""
+        if r not in self.added or r in self.seen or (r in self.gone and r not in self.finished):
+            raise MissingAction(f"push_write({r}, {w}): D does not hold r")
+        if self.held:
+            raise MissingAction(f"push_write({r}, {w}): the handshake is pending")
+        self.vd.push_write(r, w)
+
+    def push_write_done(self, r: int, w: int) -> None:
+        """KVClock `push_write_done(r, w)`: every WRITE handle of r on rank w is done and
+        D's block holds the producer's bytes (the vLLM driver's `push_write_done`): the
+        data landed, and rank w reports r at its next get_transfer_results."""
+        self.vd.push_write_done(r, w)
+        self.land.add((r, w))
+
     def consumer_read_fails(self, r: int, w: int) -> None:
         """KVClock `consumer_read_fails(r, w)`: the READ of r from w fails while P lives.
         What P sees of it is that its "r:1" never comes: the driver holds it for good."""
@@ -223,6 +244,26 @@ class ClockDriver:
             )
             if w not in lost:
                 c.inboxes[w].deliver(item)
+                if self.row.transfer == "push":
+                    self._hand_to_engine(w, item[1])
+
+    def _hand_to_engine(self, w: int, msg: bytes) -> None:
+        """Push: rank w's writer thread reads its agent (push_worker.py
+        `_push_writer_loop`) and forwards a heartbeat to the engine's queue
+        (`_pending_completion_notifs`), which the rank's next get_transfer_results drains
+        (`_get_new_notifs` -> `_handle_heartbeat`, 763-764). Woken here and waited for, so
+        the message waits for P's next step there, as a pull heartbeat waits at the agent
+        (vLLM wakes the writer at every get_transfer_results, 814: one step later)."""
+        nw = self.vd.c.nixl_worker(w)
+        inbox = self.vd.c.inboxes[w]
+        nw._push_writer_wake.set()
+
+        def forwarded() -> bool:
+            with inbox.lock:
+                drained = all(m != msg for _, m in inbox.delivered)
+            return drained and msg in list(nw._pending_completion_notifs.queue)
+
+        self.waits.until(forwarded, f"rank {w}'s writer thread to forward a heartbeat")
 
     def heartbeat_swallowed(self) -> None:
         """KVClock `heartbeat` while D's handshake with the producer engine is not done
@@ -310,5 +351,8 @@ class ClockDriver:
     def _waiting_heartbeats(self, w: int) -> frozenset[int]:
         """The requests named by heartbeats handed to rank w's agent, not yet read (the
         spec keeps those P still holds: a heartbeat for a freed request changes nothing)."""
-        msgs = (m for _, m in self.vd.c.inboxes[w].delivered if m.startswith(b"HB:"))
+        msgs = [m for _, m in self.vd.c.inboxes[w].delivered if m.startswith(b"HB:")]
+        if self.row.transfer == "push":  # forwarded by the writer thread, not yet drained
+            queued = list(self.vd.c.nixl_worker(w)._pending_completion_notifs.queue)
+            msgs += [m for m in queued if m.startswith(b"HB:")]
         return self.vd._reqs(x for m in msgs for x in m.decode()[3:].split(",") if x)

@@ -49,9 +49,12 @@ from kvspec.drivers.vllm_view import req_id
 from kvspec.matrix import ModelRow, Topology
 
 NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
+# push mode stamps (push_scheduler.py:270) and rebases (push_worker.py:219) with its own
+# module's perf_counter; those modules are 0.32+'s (controlled_clock skips a missing one)
 CLOCKED = tuple(
-    f"{NIXL}.{m}" for m in ("base_scheduler", "pull_scheduler", "base_worker", "pull_worker")
-)
+    f"{NIXL}.{m}" for m in ("base_scheduler", "pull_scheduler", "base_worker", "pull_worker",
+                            "push_scheduler", "push_worker")
+)  # fmt: skip
 TICK_S = LEASE_SECONDS / 6  # the spec's tick: kv_lease_duration // 6
 START = 1_000_000.0  # whole numbers of seconds: deadlines compare exactly
 
@@ -81,9 +84,9 @@ def mark_consumers_active(vd: VllmDriver, now: float) -> None:
 
 @contextlib.contextmanager
 def controlled_clock(clock: _Clock, modules: tuple[str, ...] = CLOCKED) -> Iterator[None]:
-    import importlib
+    import importlib.util
 
-    mods = [importlib.import_module(m) for m in modules]
+    mods = [importlib.import_module(m) for m in modules if importlib.util.find_spec(m)]
     saved = [m.time for m in mods]
     for m in mods:
         m.time = clock  # type: ignore[attr-defined]

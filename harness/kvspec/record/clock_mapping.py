@@ -36,7 +36,6 @@ from kvspec.record.mapping import (
     map_recording,
     reached_producer,
     steps_holding_events,
-    transfer,
 )
 
 TICKS_PER_LEASE = 6
@@ -374,9 +373,6 @@ def map_clock(events: list[Event], lease_s: int | None = None, producer: str | N
     producer that feeds several D engines is validated once per D (`consumer`): that D's
     requests, the heartbeats it sent and P received (mapping.project_log)."""
     m = map_recording(events, drop=False, producer=producer, consumer=consumer)
-    if transfer(m.start) == "push":
-        raise MappingError("push mode (NixlPushConnector): KVClock models pull (push's "
-                           "WRITE-side lease and watchdog are not in it)")  # fmt: skip
     lease = lease_of(m.start, lease_s)
     if len(m.consumers) > 1:
         raise MappingError(f"{len(m.consumers)} decode engines read from {m.producer}: "

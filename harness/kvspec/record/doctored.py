@@ -122,3 +122,22 @@ def free_at(events: list[Event], producer: str, rid: str, t_ns: int) -> list[Eve
         step.append(replace(sched, seq=s_seq, t_ns=t_ns,
                             result={"finished_req_ids": [], "new": []}))  # fmt: skip
     return sorted([*events, *step], key=lambda e: (e.t_ns, e.pid, e.seq))
+
+
+def unwritten(events: list[Event], producer: str, rid: str) -> list[Event]:
+    """Push mode: the producer never WRITEs `rid` (its writer posts nothing, and D never
+    receives it) and still reports it sent where it did: a report with no WRITE behind it,
+    which only the lease running out explains."""
+    d_ids = {e.reqs[0] for e in events if e.call == "add_request" and e.reqs
+             and e.result.get("remote_request_id") == rid}  # fmt: skip
+    if not any(e.engine == producer and e.call == "write" and rid in e.reqs for e in events):
+        raise ValueError(f"the producer never wrote {rid}")
+
+    def without(e: Event) -> Event:
+        got = e.ids("finished_recving")
+        if not got & d_ids:
+            return e
+        return replace(e, result={**e.result, "finished_recving": sorted(got - d_ids)})
+
+    return [without(e) for e in events
+            if not (e.engine == producer and e.call == "write" and rid in e.reqs)]
