@@ -33,6 +33,7 @@ from kvspec.scenario_flows import (
     failed_read_s,
     free_port,
     frees_of,
+    held_after_d_finished,
     prompts,
     wait_until,
 )
@@ -73,6 +74,8 @@ def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
         args += ["--num-blocks", str(blocks)]
     if eid.startswith("D") and sc.load_policy:
         args += ["--load-failure", sc.load_policy]
+    if eid.startswith("P") and sc.p_handshake_fails:  # kvspec.record.faults stages it
+        args += ["--connector-module", "kvspec.record.faults"]
 
     return EngineProc(args, env, logs / f"{eid}.log", grace_s)
 
@@ -156,6 +159,15 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
         res.checks.append(Check(f"{eid} free blocks back to baseline", base is not None
                                 and base == last, f"baseline {base}, end {last}, "
                                 f"{len(freed)} requests freed"))  # fmt: skip
+    if sc.p_handshake_fails:  # D's heartbeats held P's blocks while D waited in vain
+        held = held_after_d_finished(events, "P")
+        ok = len(held) == sc.requests and all(s > 2 * sc.lease and after
+                                              for s, after in held.values())  # fmt: skip
+        res.checks.append(Check(f"P held every request past twice its {sc.lease} s lease, "
+                                "until D's client aborted it (D's heartbeats kept the lease "
+                                "of a WRITE that cannot come)", ok,
+                                ", ".join(f"{r} {s:.1f} s{'' if a else ' (freed first)'}"
+                                          for r, (s, a) in sorted(held.items()))))  # fmt: skip
     if sc.p_crash_mid_read:  # the READ P hung under, read off the recording
         s = failed_read_s(events)
         res.checks.append(Check(f"D's READ of request 2 stayed in flight while P hung (at "
@@ -186,17 +198,19 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
 
 
 def _handshake_timed_out(sc: Scenario, events: list[Event], d_ids: list[str]) -> str:
-    """Why a scenario that needs D's handshake with P has no verdict, or "": a decode
-    worker whose handshake failed (the recorder's `handshake` event with ok false: vLLM's
-    own 5 s wait for P's side channel, base_worker.py:1043-1047, expired on the loaded
-    machine, and vLLM logged handshake_setup_failed). The run is still a behaviour of
+    """Why a scenario that needs D's handshake with P (in push, P's with D too) has no
+    verdict, or "": a worker whose handshake failed where the scenario does not stage that
+    failure (the recorder's `handshake` event with ok false: vLLM's own 5 s wait for the
+    other side channel, base_worker.py:1043-1047, expired on the loaded machine, and vLLM
+    logged handshake_setup_failed). The run is still a behaviour of
     vLLM, and is validated, but not the one the scenario stages: a timeout, retried,
     never a verdict."""
-    if sc.dead_port or sc.refused:  # the failure is what these scenarios stage
-        return ""
-    hit = sorted({f"{e.engine} rank {e.rank}" for e in events if e.engine in d_ids
-                  and e.call == "handshake" and e.result.get("ok") is False})  # fmt: skip
-    return f"timeout: {', '.join(hit)}'s handshake with P failed (vLLM's 5 s wait)" if hit else ""
+    staged = (sc.dead_port or sc.refused, sc.p_handshake_fails)  # (D's, P's) failure staged
+    # push: the producer handshakes D to WRITE (push_worker.py _do_start_push_kv)
+    hit = sorted({f"{e.engine} rank {e.rank}" for e in events if e.call == "handshake"
+                  and e.result.get("ok") is False
+                  and not staged[0 if e.engine in d_ids else 1]})  # fmt: skip
+    return f"timeout: {', '.join(hit)}'s handshake failed (vLLM's 5 s wait)" if hit else ""
 
 
 def _validate_producer(sc: Scenario, events: list[Event], work: Path, res: ScenarioResult,

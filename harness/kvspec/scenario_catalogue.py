@@ -100,11 +100,16 @@ class Scenario:
     # before add_request, slower than the lease: Decode.tla's LateArrival). In push mode P
     # then has no blocks to WRITE and D waits until its client aborts (d_abort_after_s)
     late: bool = False
+    # push: P's handshake with D fails (kvspec.record.faults in P's engine: D's address is
+    # the one it listens on, so no proxy-side change can make it fail). P's writer logs
+    # push_handshake_failed and tells D nothing; D waits, and heartbeats P's requests
+    p_handshake_fails: bool = False
 
     @property
     def stalls(self) -> bool:
-        """D waits for a WRITE that cannot come: push, handed on after P's lease."""
-        return self.late and self.connector == "NixlPushConnector"
+        """D waits for a WRITE that cannot come: push, handed on after P's lease, or P's
+        handshake with D failed."""
+        return (self.late or self.p_handshake_fails) and self.connector == "NixlPushConnector"
 
     @property
     def p_crashes(self) -> bool:
@@ -125,6 +130,8 @@ class Scenario:
                                       or self.p_engines > 1 or self.d_engines > 1):  # fmt: skip
             raise ValueError(f"{self.name}: a crash during a READ runs 2 requests, one P and "
                              "one D, no restart")
+        if self.p_handshake_fails and self.connector != "NixlPushConnector":
+            raise ValueError(f"{self.name}: P handshakes D only in push mode (to WRITE)")
         if self.connector == "NixlPushConnector" and (self.queued or self.kv_blocks):
             # push pairs D's registration with P's blocks by request id: D's P/D requests
             # must carry P's ids (scenario_flows._one_pair), which a queue of D's own
@@ -170,6 +177,13 @@ SCENARIOS = {
                  "its 6 s lease: D registers its blocks, P has nothing to WRITE, D waits "
                  "until its client aborts both (20 s) and keeps their blocks, the receive "
                  "outstanding", connector="NixlPushConnector", lease=6, late=True,
+                 d_abort=(0, 1), d_abort_after_s=20),
+        # Decode.tla push-p1-d1-p-handshake-fails(-abort): WaitingLeaves, HeldReleased
+        Scenario("pd-push-p-handshake-fail", "push mode, P's handshake with D fails (a "
+                 "staged fault): P's writer never WRITEs and tells D nothing; D waits, and "
+                 "its heartbeats keep P's blocks past P's 6 s lease, until D's client "
+                 "aborts both (20 s): P then frees at its lease, D keeps their blocks",
+                 connector="NixlPushConnector", lease=6, p_handshake_fails=True,
                  d_abort=(0, 1), d_abort_after_s=20),
         Scenario("pd-mla", "P -> D over NIXL with an MLA model (DeepSeek-V2-shaped, CPU_MLA)",
                  model="mla", lease=120),

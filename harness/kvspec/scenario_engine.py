@@ -28,7 +28,7 @@ def engine_args(a: argparse.Namespace) -> dict[str, Any]:
         extra["kv_lease_duration"] = a.lease
     buf = "cuda" if a.device == "cuda" else "cpu"
     kv: dict[str, Any] = {
-        "kv_connector": a.connector, "kv_connector_module_path": "kvspec.record.connectors",
+        "kv_connector": a.connector, "kv_connector_module_path": a.connector_module,
         "kv_role": "kv_both", "engine_id": a.engine_id, "kv_buffer_device": buf,
         "kv_connector_extra_config": extra,
     }  # fmt: skip
@@ -187,6 +187,9 @@ def main() -> None:
     p.add_argument("--max-seqs", type=int, default=8, help="max_num_seqs (run slots)")
     p.add_argument("--num-blocks", type=int, default=0,
                    help="KV pool size in blocks (num_gpu_blocks_override); 0: what fits")
+    p.add_argument("--connector-module", default="kvspec.record.connectors",
+                   help="kv_connector_module_path: the recording connectors, or "
+                   "kvspec.record.faults (a fault the scenario stages)")
     serve(p.parse_args())
 
 

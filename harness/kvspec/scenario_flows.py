@@ -74,6 +74,23 @@ def failed_read_s(events: list[Event]) -> float | None:
     return min(fails) / 1e9 if fails else None
 
 
+def held_after_d_finished(events: list[Event], producer: str) -> dict[str, tuple[float, bool]]:
+    """Per producer request: (seconds from its request_finished to the free of its
+    blocks, whether that free came after the decode engine's request_finished of it: D
+    finished the request, as an abort does, and its heartbeats stopped there). D's
+    request is the one whose add_request names the producer's id (remote_request_id)."""
+    mine = [e for e in events if e.engine == producer and e.role == "scheduler"]
+    done = {e.reqs[0]: e.t_ns for e in mine if e.call == "request_finished" and e.reqs}
+    freed = {r: e.t_ns for e in mine if e.call == "free_blocks" for r in e.reqs}
+    d_of = {e.reqs[0]: str(e.result["remote_request_id"]) for e in events
+            if e.engine != producer and e.call == "add_request" and e.reqs
+            and e.result.get("remote_request_id")}  # fmt: skip
+    d_done = {d_of[e.reqs[0]]: e.t_ns for e in events if e.engine != producer
+              and e.call == "request_finished" and e.reqs and e.reqs[0] in d_of}  # fmt: skip
+    return {r: ((freed[r] - t) / 1e9, freed[r] > d_done.get(r, freed[r]))
+            for r, t in done.items() if r in freed}
+
+
 def wait_until(pred: Callable[[], bool], timeout_s: float, *,
                clock: Callable[[], float] = time.monotonic,
                sleep: Callable[[float], None] = time.sleep) -> bool:  # fmt: skip
@@ -170,8 +187,8 @@ def _outputs_check(sc: Scenario, got: list[dict[str, Any]],
     "fail" policy, every request must end in error instead (FinishReason.ERROR)."""
     if sc.stalls:
         reasons = [o.get("finish") or ("abort" if o.get("aborted") else None) for o in got]
-        return Check("D never received P's requests (P freed them at its lease first): "
-                     "its client aborted them", reasons == ["abort"] * len(got),
+        return Check("D never received P's requests (no WRITE came): its client aborted "
+                     "them", reasons == ["abort"] * len(got),
                      f"finish reasons {reasons}")  # fmt: skip
     kept = [n for n in range(len(got)) if n not in sc.d_abort]  # D's aborts: no output
     if (sc.dead_port or sc.refused) and sc.load_policy != "recompute":

@@ -397,12 +397,19 @@ def test_a_handshake_that_timed_out_under_load_is_a_timeout_not_a_verdict() -> N
     from kvspec.scenario import _handshake_timed_out
 
     def hs(engine: str, rank: int, ok: bool) -> Event:
+        other = "D" if engine == "P" else "P"
         return Event(engine, "kv_consumer", "worker", rank, 2, 100 + rank, 0, 1, "handshake",
-                     result={"remote_engine": "P", "ok": ok})  # fmt: skip
+                     result={"remote_engine": other, "ok": ok})  # fmt: skip
 
     split = [hs("D", 0, True), hs("D", 1, False)]
     said = _handshake_timed_out(SCENARIOS["pd-d-tp2"], split, ["D"])
-    assert said == "timeout: D rank 1's handshake with P failed (vLLM's 5 s wait)"
+    assert said == "timeout: D rank 1's handshake failed (vLLM's 5 s wait)"
+    # push: P handshakes D to WRITE; its failure is a timeout unless the scenario stages it
+    p_failed = [hs("D", 0, True), hs("P", 0, False)]
+    assert _handshake_timed_out(SCENARIOS["pd-push"], p_failed, ["D"]) == (
+        "timeout: P rank 0's handshake failed (vLLM's 5 s wait)")
+    assert _handshake_timed_out(SCENARIOS["pd-push-p-handshake-fail"], p_failed, ["D"]) == ""
+    assert _handshake_timed_out(SCENARIOS["pd-push-p-handshake-fail"], split, ["D"]) != ""
     assert _handshake_timed_out(SCENARIOS["pd-handshake-fail"], split, ["D"]) == ""
     assert _handshake_timed_out(SCENARIOS["pd-tp2-mqa"], split, ["D"]) == ""
     # negative control: handshakes that succeeded, and none recorded

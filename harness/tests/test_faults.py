@@ -1,0 +1,87 @@
+"""Faults a scenario stages inside a real engine (kvspec.record.faults): the producer's
+handshake with D refused under the recorder's wrapper, so the recording says so as it
+would of a real failure; P's requests held past the lease until D finished them, read off
+a recording (the new scenario's check), with its negative control."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from kvspec.record.log import Event, read_dir
+from kvspec.scenario_catalogue import SCENARIOS
+from kvspec.scenario_flows import held_after_d_finished
+
+REC = Path(__file__).resolve().parents[2] / "conformance" / "recorded"
+
+
+class _Worker:
+    """A NIXL worker's shape: `_read_blocks` marks it (connectors._nixl_worker); the
+    exchange `_ensure_handshake` submits."""
+
+    def _read_blocks(self) -> None: ...
+
+    def _nixl_handshake(self, host: str, port: int, tp: int, expected_engine_id: str) -> str:
+        return "agents"
+
+
+def test_the_refused_handshake_raises_under_the_recorder_which_records_it(
+    tmp_path: Path,
+) -> None:
+    from kvspec.record.connectors import _wrap_handshakes
+    from kvspec.record.faults import REFUSED, HandshakeRefused, refuse_handshakes
+    from kvspec.record.log import Recorder
+
+    class Faulty(_Worker):
+        pass
+
+    refuse_handshakes(Faulty)
+    rec = Recorder("P", "kv_producer", "worker", 0, 1, tmp_path)
+    w = Faulty()
+    _wrap_handshakes(SimpleNamespace(connector_worker=w), rec)
+    with pytest.raises(HandshakeRefused, match=REFUSED):
+        w._nixl_handshake("127.0.0.1", 5601, 1, expected_engine_id="D")
+    got = [json.loads(x)["result"] for f in tmp_path.glob("*.ndjson")
+           for x in f.read_text().splitlines()]  # fmt: skip
+    assert [(r["remote_engine"], r["ok"]) for r in got] == [("D", False)]
+    # negative control: the class it was not applied to still handshakes
+    assert _Worker()._nixl_handshake("h", 1, 1, "D") == "agents"
+
+
+def test_the_scenario_stages_it_in_push_only() -> None:
+    sc = SCENARIOS["pd-push-p-handshake-fail"]
+    assert sc.stalls and sc.p_handshake_fails and sc.d_abort == (0, 1)
+    from kvspec.scenario_catalogue import Scenario
+
+    with pytest.raises(ValueError, match="only in push mode"):
+        Scenario("x", "pull", p_handshake_fails=True)
+
+
+def _ev(engine: str, call: str, rid: str, t_s: float, **result: object) -> Event:
+    return Event(engine, "kv_both", "scheduler", 0, 1, 1, 0, int(t_s * 1e9), call,
+                 reqs=(rid,), result=dict(result))  # fmt: skip
+
+
+def test_held_requests_are_read_off_the_recording() -> None:
+    """P finished p0 at 1 s; D added it (naming p0) and finished it (an abort) at 25 s; P
+    freed it at 30 s: held 29 s, after D finished it. Negative control: p1 freed at its
+    7 s lease, before D finished it at 25 s."""
+    events = [
+        _ev("P", "request_finished", "p0", 1), _ev("P", "request_finished", "p1", 1),
+        _ev("D", "add_request", "p0-x", 2, remote_request_id="p0"),
+        _ev("D", "add_request", "p1-x", 2, remote_request_id="p1"),
+        _ev("P", "free_blocks", "p1", 7),
+        _ev("D", "request_finished", "p0-x", 25), _ev("D", "request_finished", "p1-x", 25),
+        _ev("P", "free_blocks", "p0", 30),
+    ]  # fmt: skip
+    held = held_after_d_finished(sorted(events, key=lambda e: e.t_ns), "P")
+    assert held == {"p0": (29.0, True), "p1": (6.0, False)}
+
+
+def test_in_pd_push_late_p_freed_at_its_lease_before_d_finished() -> None:
+    """The real run where P freed first (D handed on after P's lease): the check's other
+    side on a recording."""
+    held = held_after_d_finished(read_dir(REC / "pd-push-late"), "P")
+    assert len(held) == 2 and all(s < 8 and not after for s, after in held.values())
