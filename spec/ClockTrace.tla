@@ -153,6 +153,7 @@ Silent ==
     \/ \E r \in Reqs, w \in Ranks :
           \/ consumer_read_done(r, w) \/ consumer_get_finished(r, w) \/ store_complete(r, w)
           \/ consumer_read_fails(r, w) \/ push_write_done(r, w)
+    \/ \E w \in Ranks : writer_poll(w)
     \/ ~HsSeen /\ handshake_done
     \/ ~HbSeen /\ heartbeat
     \/ SubTick /\ \E w \in Ranks, r \in Reqs : deadline_passes(w, r)

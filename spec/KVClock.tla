@@ -42,7 +42,12 @@
 (* it holds r's blocks, on an expired lease too.  The reaper does not look *)
 (* at P's own WRITEs in flight (base_worker.py:3014-3040; PuW:833          *)
 (* "Expired requests were already reported, even if their WRITEs finish    *)
-(* later").                                                                *)
+(* later").  Heartbeats reach P's step through the writer thread: it       *)
+(* forwards what reached the agent to the engine's queue (hbf) when it     *)
+(* runs, self-polling while it holds unmatched blocks, else woken by P's   *)
+(* step, which drains the queue at once (Handled): after a long P step a   *)
+(* heartbeat that waited at the agent is handled one step late, after the *)
+(* reaper.  PStep bounds P's step gap.                                     *)
 (* A WRITE ending lands in D's blocks and is P's report together           *)
 (* (push_write_done: D's notification and P's handle, one bound RMax).    *)
 (* QMax bounds P returning r -> the WRITE posted (hand-off, D's queue, the *)
@@ -76,6 +81,9 @@ CONSTANTS
                \* another D rank's failed handshake): request_finished stops its
                \* heartbeats (pull_scheduler.py:215-217); READs already scheduled are
                \* still posted, and run (d-tp2-split-handshake)
+    PStep,     \* the longest P goes without a step while it holds a lease, in ticks (a long
+               \* forward; 99 or more: any, the count not kept).  Pull's heartbeats wait at
+               \* the agent for P's next step whenever it comes; push's may wait one more
     ReadFails  \* a posted READ may fail on the transport while P lives: it never lands and
                \* P never gets its notification (NIXL sends a READ's notif_msg with the
                \* transfer, pull_worker.py:546-553); D's poll reports it failed
@@ -89,7 +97,7 @@ ASSUME /\ Transfer \in {"pull", "push"}
        /\ AMax \in Nat /\ QMax \in Nat /\ RMax \in Nat \ {0} /\ NMax \in Nat /\ MaxLost \in Nat
        /\ DStall \in Nat /\ Swallow \in BOOLEAN /\ HsMax \in Nat /\ NotifFirst \in BOOLEAN
        /\ Abandon \in BOOLEAN /\ ShipLate \in BOOLEAN /\ DFinish \in BOOLEAN
-       /\ ReadFails \in BOOLEAN
+       /\ ReadFails \in BOOLEAN /\ PStep \in Nat \ {0}
 
 VARIABLES
     req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif, replQ,
@@ -110,6 +118,10 @@ VARIABLES
             \* heartbeat, which it swallowed; so is every heartbeat until it is done), "done"
     hsAge,  \* ticks the handshake has been pending
     lost,   \* heartbeat messages lost so far
+    pAge,   \* ticks since P's last step, while it holds a lease (PStep < 99 only)
+    hbf,    \* push: requests named by heartbeats rank w's writer thread forwarded to
+            \* the engine's queue (_pending_completion_notifs), which its next step
+            \* drains before the reaper; pull: unused ({})
     hbq,    \* requests named by heartbeats that reached rank w's agent and wait for
             \* its next step (NIXL queues them until _get_new_notifs reads them)
     failed  \* <<r, w>>: the READ of r from w failed (ReadFails): it never lands, and P
@@ -118,7 +130,7 @@ VARIABLES
 kvvars == <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif, replQ,
             extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits, lateFinish,
             clobbered, published>>
-cvars == <<ttl, qage, age, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq,
+cvars == <<ttl, qage, age, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge,
           failed>>
 vars == <<kvvars, cvars>>
 
@@ -158,6 +170,8 @@ Init ==
     /\ hsAge = 0
     /\ lost = 0
     /\ hbq = [w \in Ranks |-> {}]
+    /\ hbf = [w \in Ranks |-> {}]
+    /\ pAge = 0
     /\ failed = {}
 
 -----------------------------------------------------------------------------
@@ -174,7 +188,18 @@ StampExt(E) ==
     /\ UNCHANGED <<qage, age, land, atD, seen, gone, hbAge, hs, hsAge, lost, failed>>
 
 \* (a waiting heartbeat naming a request P freed can change nothing: dropped)
-Stamp == StampExt(K!NoReports) /\ hbq' = [w \in Ranks |-> {r \in hbq[w] : req'[r] = "sending"}]
+Stamp == /\ StampExt(K!NoReports)
+         /\ hbq' = [w \in Ranks |-> {r \in hbq[w] : req'[r] = "sending"}]
+         /\ hbf' = [w \in Ranks |-> {r \in hbf[w] : req'[r] = "sending"}]
+         /\ UNCHANGED pAge
+
+(* The heartbeats P's next step handles before its reaper: pull reads them  *)
+(* at the agent (_get_new_notifs on NIXL, pull_worker.py:642-659); push     *)
+(* drains the queue the writer thread fills (PuW:279-284, 747-764); the     *)
+(* writer, parked once it holds no unmatched blocks, is woken by that same  *)
+(* get_transfer_results (PuW:814-816), which then drains at once: what      *)
+(* reached the agent since the writer last ran waits one more step.        *)
+Handled == IF Transfer = "push" THEN hbf ELSE hbq
 
 schedule == K!schedule /\ Stamp
 (* Each rank's get_transfer_results reads the heartbeats waiting at its agent *)
@@ -184,9 +209,13 @@ schedule == K!schedule /\ Stamp
 (* one it does not hold is ignored (pull_worker.py:95-119, 642-659;           *)
 (* base_worker.py:2853-2985, 3042-3060).                                      *)
 execute_model ==
-    /\ K!ExecuteModelWith(hbq, [w \in Ranks |-> {r \in Reqs : ttl[w][r] = 0}])
-    /\ StampExt([w \in Ranks |-> hbq[w] \cap lease'[w]])
+    /\ K!ExecuteModelWith(Handled, [w \in Ranks |-> {r \in Reqs : ttl[w][r] = 0}])
+    /\ StampExt([w \in Ranks |-> Handled[w] \cap lease'[w]])
+    \* push: the woken writer forwards what waits at the agent (for the next step)
+    /\ hbf' = IF Transfer = "push" THEN [w \in Ranks |-> {r \in hbq[w] : req'[r] = "sending"}]
+              ELSE hbf
     /\ hbq' = [w \in Ranks |-> {}]
+    /\ pAge' = 0
 update_from_output == K!update_from_output /\ Stamp
 abort(r) == K!abort(r) /\ Stamp
 store_complete(r, w) == K!store_complete(r, w) /\ UNCHANGED cvars
@@ -197,7 +226,7 @@ consumer_add_request(r) ==
     /\ r \in sent \ atD
     /\ atD' = atD \cup {r}
     /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, seen, gone, hbAge, hs, hsAge, lost,
-                   hbq, failed>>
+                   hbq, hbf, pAge, failed>>
 
 (* D's scheduler processes r's finished_recving (update_connector_output)  *)
 (* and stops heartbeating it.                                               *)
@@ -205,7 +234,7 @@ consumer_update(r) ==
     /\ r \in atD \ seen /\ AllLanded(r)
     /\ seen' = seen \cup {r}
     /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, atD, gone, hbAge, hs, hsAge, lost,
-                   hbq, failed>>
+                   hbq, hbf, pAge, failed>>
 
 (* D's start_load_kv posts the READ of r from producer rank w.  With       *)
 (* DFinish, also of a request D's scheduler finished: a D rank whose step   *)
@@ -220,7 +249,7 @@ consumer_start_load_kv(r, w) ==
     /\ K!consumer_start_load_kv(r, w)
     /\ qage' = [qage EXCEPT ![r] = IF \A v \in Sources \ {w} : Posted(r, v) THEN 0 ELSE @]
     /\ age' = [age EXCEPT ![r][w] = 0]
-    /\ UNCHANGED <<ttl, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, failed>>
+    /\ UNCHANGED <<ttl, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge, failed>>
 
 (* The READ lands in D's blocks (D's get_transfer_results reports it).      *)
 consumer_read_done(r, w) ==
@@ -228,7 +257,7 @@ consumer_read_done(r, w) ==
     /\ Posted(r, w) /\ ~Ended(r, w)
     /\ land' = land \cup {<<r, w>>}
     /\ age' = [age EXCEPT ![r][w] = 0]
-    /\ UNCHANGED <<kvvars, ttl, qage, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq,
+    /\ UNCHANGED <<kvvars, ttl, qage, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge,
                    failed>>
 
 (* The READ fails on the transport while P lives (ReadFails; not fair): it *)
@@ -240,7 +269,7 @@ consumer_read_fails(r, w) ==
     /\ failed' = failed \cup {<<r, w>>}
     /\ age' = [age EXCEPT ![r][w] = 0]
     /\ UNCHANGED <<kvvars, ttl, qage, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost,
-                   hbq>>
+                   hbq, hbf, pAge>>
 
 (* D's scheduler processes r's failed receive (update_connector_output:    *)
 (* finished_recving names failed receives too, base_worker.py:2881-2889):  *)
@@ -251,7 +280,7 @@ consumer_fail(r) ==
     /\ seen' = seen \cup {r}
     /\ gone' = gone \cup {r}
     /\ qage' = [qage EXCEPT ![r] = 0]
-    /\ UNCHANGED <<kvvars, ttl, age, land, sent, atD, hbAge, hs, hsAge, lost, hbq, failed>>
+    /\ UNCHANGED <<kvvars, ttl, age, land, sent, atD, hbAge, hs, hsAge, lost, hbq, hbf, pAge, failed>>
 
 (* D's scheduler finishes r before its receive is processed (DFinish; not  *)
 (* fair): request_finished stops r's heartbeats (pull_scheduler.py:215-217). *)
@@ -261,7 +290,7 @@ consumer_finish(r) ==
     /\ r \in atD \ (gone \cup seen)
     /\ gone' = gone \cup {r}
     /\ qage' = [qage EXCEPT ![r] = 0]
-    /\ UNCHANGED <<kvvars, ttl, age, land, sent, atD, seen, hbAge, hs, hsAge, lost, hbq,
+    /\ UNCHANGED <<kvvars, ttl, age, land, sent, atD, seen, hbAge, hs, hsAge, lost, hbq, hbf, pAge,
                    failed>>
 
 (* The READ's "r:1" reaches rank w's agent (KVCompletion's                  *)
@@ -272,7 +301,7 @@ consumer_get_finished(r, w) ==
     /\ K!consumer_get_finished(r, w)
     \* an overtaking notification leaves the READ's own bound running
     /\ age' = [age EXCEPT ![r][w] = IF <<r, w>> \in land THEN 0 ELSE @]
-    /\ UNCHANGED <<ttl, qage, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, failed>>
+    /\ UNCHANGED <<ttl, qage, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge, failed>>
 
 (* Push: P's writer thread posts the WRITE of r from rank w.  D's          *)
 (* PUSH_REG is there: D tracks r, and its handshake with P is done (the    *)
@@ -289,7 +318,7 @@ push_write(r, w) ==
     /\ K!push_write(r, w)
     /\ qage' = [qage EXCEPT ![r] = IF \A v \in Sources \ {w} : Posted(r, v) THEN 0 ELSE @]
     /\ age' = [age EXCEPT ![r][w] = 0]
-    /\ UNCHANGED <<ttl, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, failed>>
+    /\ UNCHANGED <<ttl, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge, failed>>
 
 (* Push: every WRITE handle of r on rank w is done: the data is in D's      *)
 (* blocks, D's notification counts it, and rank w reports r at its next     *)
@@ -299,7 +328,7 @@ push_write_done(r, w) ==
     /\ K!push_write_done(r, w)
     /\ land' = land \cup {<<r, w>>}
     /\ age' = [age EXCEPT ![r][w] = 0]
-    /\ UNCHANGED <<ttl, qage, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, failed>>
+    /\ UNCHANGED <<ttl, qage, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge, failed>>
 
 (* D gives up on a queued request for good.  Not fair.                      *)
 abandon(r) ==
@@ -308,7 +337,7 @@ abandon(r) ==
     /\ \A w \in Sources : ~Posted(r, w)
     /\ gone' = gone \cup {r}
     /\ qage' = [qage EXCEPT ![r] = 0]
-    /\ UNCHANGED <<kvvars, ttl, age, land, sent, atD, seen, hbAge, hs, hsAge, lost, hbq,
+    /\ UNCHANGED <<kvvars, ttl, age, land, sent, atD, seen, hbAge, hs, hsAge, lost, hbq, hbf, pAge,
                    failed>>
 
 (* D's scheduler packages heartbeats (once per interval) and every D rank's *)
@@ -321,7 +350,7 @@ abandon(r) ==
 HbSwallowed ==
     /\ hs # "done"
     /\ hs' = "pending"
-    /\ UNCHANGED <<ttl, expired, lost, hsAge, hbq, failed>>
+    /\ UNCHANGED <<ttl, expired, lost, hsAge, hbq, hbf, pAge, failed>>
 
 \* A heartbeat sent to every source rank, lost at the ranks in L.
 HbSent(L) ==
@@ -332,7 +361,7 @@ HbSent(L) ==
     /\ hbq' = [w \in Ranks |-> IF w \in Sources \ L
                               THEN hbq[w] \cup {r \in Tracked : req[r] = "sending"}
                               ELSE hbq[w]]
-    /\ UNCHANGED <<hs, hsAge, ttl, expired, failed>>
+    /\ UNCHANGED <<hs, hsAge, ttl, expired, failed, hbf, pAge>>
 
 \* What every heartbeat does besides (the interval, and no other variable).
 HbDue ==
@@ -351,7 +380,7 @@ handshake_done ==
     /\ hs = "pending"
     /\ hs' = "done"
     /\ hsAge' = 0
-    /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, atD, seen, gone, hbAge, lost, hbq,
+    /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, atD, seen, gone, hbAge, lost, hbq, hbf, pAge,
                    failed>>
 
 (* One tick.  Bounded delays are urgent: the clock does not pass D's queue  *)
@@ -373,8 +402,29 @@ Bound(r, w) == IF <<r, w>> \in land THEN NMax ELSE RMax
 Pending(r, w) == /\ Posted(r, w) /\ <<r, w>> \notin failed
                  /\ (<<r, w>> \notin land \/ rd[r][w] = "inflight")
 
+\* P holds a lease (its engine steps while it does: has_requests, scheduler.py:2813-2838).
+Holding == \E w \in Ranks : lease[w] # {}
+
+(* Push: rank w's writer thread self-polls (every 1 ms, PuW:77, 291-292)    *)
+(* while it holds finished blocks no registration matched yet             *)
+(* (_push_finished_blocks: here r installed on w, its WRITE not posted),   *)
+(* forwarding what reached the agent; otherwise it is parked until P's    *)
+(* next step wakes it (execute_model).                                     *)
+WriterPolls(w) ==
+    /\ Transfer = "push"
+    /\ \E r \in Reqs : r \in lease[w] /\ rd[r][w] = "none" /\ req[r] = "sending"
+writer_poll(w) ==
+    /\ WriterPolls(w) /\ hbq[w] # {}
+    /\ hbf' = [hbf EXCEPT ![w] = @ \cup hbq[w]]
+    /\ hbq' = [hbq EXCEPT ![w] = {}]
+    /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost,
+                   pAge, failed>>
+
 tick ==
     /\ \A r \in Queued : qage[r] < QMax /\ (r \notin atD => qage[r] < AMax)
+    \* a polling writer forwards within the tick; P steps every PStep ticks while it holds
+    /\ \A w \in Ranks : ~(WriterPolls(w) /\ hbq[w] # {})
+    /\ (PStep < 99 /\ Holding) => pAge < PStep
     \* D's scheduler sees a landed (or failed) request's report within its step
     /\ \A r \in atD \ seen : ~AllLanded(r) /\ ~FailReported(r)
     /\ \A r \in Reqs, w \in Sources : Pending(r, w) => age[r][w] < Bound(r, w)
@@ -397,10 +447,11 @@ tick ==
     /\ age' = [r \in Reqs |-> [w \in Ranks |-> IF Pending(r, w) THEN age[r][w] + 1 ELSE 0]]
     /\ hbAge' = IF hbAge < HbEvery + DStall THEN hbAge + 1 ELSE hbAge
     /\ hsAge' = IF hs = "pending" THEN hsAge + 1 ELSE 0
+    /\ pAge' = IF PStep < 99 /\ Holding THEN pAge + 1 ELSE 0
     /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, notif, replQ,
                    extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits,
                    lateFinish, clobbered, published, land, sent, atD, seen, gone, hs, lost,
-                   hbq, failed>>
+                   hbq, hbf, failed>>
 
 Done == /\ \A r \in Reqs : req[r] = "freed" /\ r \notin Tracked /\ (r \in sent => r \in atD)
         /\ \A r \in Reqs, w \in Ranks : ~Pending(r, w)
@@ -415,6 +466,7 @@ Next ==
           \/ consumer_get_finished(r, w) \/ store_complete(r, w) \/ consumer_read_fails(r, w)
           \/ push_write(r, w) \/ push_write_done(r, w)
     \/ heartbeat \/ handshake_done
+    \/ \E w \in Ranks : writer_poll(w)
     \/ tick
     \/ Done /\ UNCHANGED vars  \* the end: no deadlock
 
@@ -436,10 +488,12 @@ Spec == Init /\ [][Next]_vars
         /\ WF_vars(\E r \in Reqs, w \in Ranks : push_write(r, w))
         /\ WF_vars(\E r \in Reqs, w \in Ranks : push_write_done(r, w))
         /\ WF_vars(heartbeat) /\ WF_vars(handshake_done) /\ WF_vars(tick)
+        /\ WF_vars(\E w \in Ranks : writer_poll(w))
 
 TypeOK ==
     /\ K!TypeOK
-    /\ hbq \in [Ranks -> SUBSET Reqs]
+    /\ hbq \in [Ranks -> SUBSET Reqs] /\ hbf \in [Ranks -> SUBSET Reqs]
+    /\ pAge \in 0 .. PStep
     /\ ttl \in [Ranks -> [Reqs -> 0 .. Max(Lease, Extend)]]
     /\ land \subseteq Reqs \X Ranks /\ atD \subseteq sent /\ sent \subseteq Reqs
     /\ seen \subseteq atD /\ gone \subseteq atD
@@ -475,7 +529,7 @@ AtMostOnceEmit == K!AtMostOnceEmit
 (* first): only a lease the next reaper frees counts.                       *)
 GuardsHold ==
     /\ \A r \in Reqs, w \in Ranks : rd[r][w] = "inflight" /\ ~Ended(r, w)
-           => r \notin expired[w] \ hbq[w]
+           => r \notin expired[w] \ Handled[w]
 
 \* Every request D received is freed on P and fully read (or given up) by D.
 EveryRequestDone == \A r \in Reqs : (r \in atD) ~> (req[r] = "freed" /\ r \notin Tracked)

@@ -26,6 +26,7 @@ _INTS = {
     "Lease": "lease", "HbEvery": "hb_every", "Extend": "extend", "AMax": "amax",
     "QMax": "qmax",
     "RMax": "rmax", "NMax": "nmax", "MaxLost": "max_lost", "DStall": "dstall", "HsMax": "hs_max",
+    "PStep": "pstep",
 }  # fmt: skip
 _BOOLS = {
     "AsyncScheduling": "async_scheduling", "Swallow": "swallow", "NotifFirst": "notif_first",
@@ -57,7 +58,7 @@ CLOCK = Sweep(
            "ReachFreeUnderFinishedRead", "ReachFailedThenFreed", "ReachFreeUnderWrite"),
     liveness=("EveryRequestDone", "DelayedEventuallyFreed"),
     columns=("Variant", "Transfer", "TP", "PCP", "AMax", "QMax", "RMax", "MaxLost", "DStall",
-             "HsMax", "NotifFirst"),
+             "HsMax", "PStep", "NotifFirst"),
     title="producer engine against a lease clock (spec/KVClock.tla; ticks of lease / 6)",
     max_requests=2,
     modules=(REPO / "spec" / "KVCompletion.tla",),

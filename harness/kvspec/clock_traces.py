@@ -123,6 +123,8 @@ def step_of(
             if gone:
                 return action, (min(gone), w)
         raise ValueError("store_complete changed no store")
+    if action == "writer_poll":  # push: rank w's writer forwards what its agent holds
+        return action, (next(w for w, s in _fn(a["hbq"]).items() if s and not _fn(b["hbq"])[w]),)
     if action == "heartbeat":
         if a["hs"] != "done":
             return "heartbeat_swallowed", ()  # starts or waits for the handshake: not sent

@@ -179,12 +179,14 @@ SCENARIOS = {
                  "outstanding", connector="NixlPushConnector", lease=6, late=True,
                  d_abort=(0, 1), d_abort_after_s=20),
         # Decode.tla push-p1-d1-p-handshake-fails(-abort): WaitingLeaves, HeldReleased
+        # (lease 30 s, vLLM's default: at 6 s a busy P answered D's handshake only once its
+        # lease had freed both requests, 6.06 s, so no registration reached P in time)
         Scenario("pd-push-p-handshake-fail", "push mode, P's handshake with D fails (a "
                  "staged fault): P's writer never WRITEs and tells D nothing; D waits, and "
-                 "its heartbeats keep P's blocks past P's 6 s lease, until D's client "
-                 "aborts both (20 s): P then frees at its lease, D keeps their blocks",
-                 connector="NixlPushConnector", lease=6, p_handshake_fails=True,
-                 d_abort=(0, 1), d_abort_after_s=20),
+                 "its heartbeats keep P's blocks past P's 30 s lease, until D's client "
+                 "aborts both (75 s): P then frees at its lease, D keeps their blocks",
+                 connector="NixlPushConnector", lease=30, p_handshake_fails=True,
+                 d_abort=(0, 1), d_abort_after_s=75),
         Scenario("pd-mla", "P -> D over NIXL with an MLA model (DeepSeek-V2-shaped, CPU_MLA)",
                  model="mla", lease=120),
         Scenario("pd-abort", "P -> D, 3 requests; the client aborts the second on P at once",

@@ -410,6 +410,9 @@ def test_a_handshake_that_timed_out_under_load_is_a_timeout_not_a_verdict() -> N
         "timeout: P rank 0's handshake failed (vLLM's 5 s wait)")
     assert _handshake_timed_out(SCENARIOS["pd-push-p-handshake-fail"], p_failed, ["D"]) == ""
     assert _handshake_timed_out(SCENARIOS["pd-push-p-handshake-fail"], split, ["D"]) != ""
+    # ... and where P never handshook D, the staged fault never fired: no verdict either
+    assert _handshake_timed_out(SCENARIOS["pd-push-p-handshake-fail"], [hs("D", 0, True)],
+                                ["D"]).startswith("timeout: P never handshook D")  # fmt: skip
     assert _handshake_timed_out(SCENARIOS["pd-handshake-fail"], split, ["D"]) == ""
     assert _handshake_timed_out(SCENARIOS["pd-tp2-mqa"], split, ["D"]) == ""
     # negative control: handshakes that succeeded, and none recorded

@@ -75,6 +75,9 @@ class ClockDriver:
     finished: set[int] = field(default_factory=set)  # D finished r early (consumer_finish)
     failed: set[tuple[int, int]] = field(default_factory=set)  # READs that failed
     held: list[HeldHandshake] = field(default_factory=list)  # a pending handshake per D rank
+    # push: heartbeat messages at rank w's agent that its writer thread has not read (the
+    # spec's hbq), held here so that the writer forwards them only where the spec does
+    at_agent: dict[int, list[tuple[str, bytes]]] = field(default_factory=dict)
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def __post_init__(self) -> None:
@@ -104,7 +107,14 @@ class ClockDriver:
         self.vd.schedule()
 
     def execute_model(self) -> None:
+        """KVClock `execute_model`: vLLM's step. Push: its get_transfer_results wakes the
+        writer thread and drains the engine's queue at once (what the writer forwarded
+        before: the spec's hbf); the woken writer then forwards what had reached the
+        agent (hbq -> hbf), here after the step, as the spec has it."""
         self.vd.execute_model()
+        if self.row.transfer == "push":
+            for w in sorted(self.at_agent):
+                self._forward(w)
 
     def update_from_output(self) -> None:
         self.vd.update_from_output()
@@ -242,10 +252,25 @@ class ClockDriver:
             item = c.inboxes[w].wait_arrived_where(
                 lambda m: m.startswith(b"HB:"), f"a heartbeat at rank {w}", self.waits
             )
-            if w not in lost:
+            if w not in lost and self.row.transfer == "push":
+                self.at_agent.setdefault(w, []).append(item)  # the writer reads it later
+            elif w not in lost:
                 c.inboxes[w].deliver(item)
-                if self.row.transfer == "push":
-                    self._hand_to_engine(w, item[1])
+
+    def writer_poll(self, w: int) -> None:
+        """KVClock `writer_poll(w)`: rank w's writer thread, self-polling while it holds
+        finished blocks no registration matched (push_worker.py `_push_writer_loop`),
+        reads the heartbeats at its agent and forwards them to the engine's queue."""
+        if self.row.transfer != "push" or not self.at_agent.get(w):
+            raise MissingAction(f"writer_poll({w}): no heartbeat waits at rank {w}'s agent")
+        self._forward(w)
+
+    def _forward(self, w: int) -> None:
+        """Rank w's writer thread reads what waits at its agent and forwards it."""
+        inbox = self.vd.c.inboxes[w]
+        for item in self.at_agent.pop(w, []):
+            inbox.deliver(item)
+            self._hand_to_engine(w, item[1])
 
     def _hand_to_engine(self, w: int, msg: bytes) -> None:
         """Push: rank w's writer thread reads its agent (push_worker.py
@@ -346,13 +371,24 @@ class ClockDriver:
         req: Any = out["req"]
         sending = {r for r in range(1, N + 1) if req[r - 1] == "sending"}
         out["hbq"] = make_fn((w, self._waiting_heartbeats(w) & sending) for w in range(W))
+        out["hbf"] = make_fn((w, self._forwarded_heartbeats(w) & sending) for w in range(W))
         return out
 
     def _waiting_heartbeats(self, w: int) -> frozenset[int]:
         """The requests named by heartbeats handed to rank w's agent, not yet read (the
-        spec keeps those P still holds: a heartbeat for a freed request changes nothing)."""
-        msgs = [m for _, m in self.vd.c.inboxes[w].delivered if m.startswith(b"HB:")]
-        if self.row.transfer == "push":  # forwarded by the writer thread, not yet drained
-            queued = list(self.vd.c.nixl_worker(w)._pending_completion_notifs.queue)
-            msgs += [m for m in queued if m.startswith(b"HB:")]
-        return self.vd._reqs(x for m in msgs for x in m.decode()[3:].split(",") if x)
+        spec keeps those P still holds: a heartbeat for a freed request changes nothing);
+        push: those its writer thread has not read."""
+        if self.row.transfer == "push":
+            return self._names(m for _, m in self.at_agent.get(w, []))
+        return self._names(m for _, m in self.vd.c.inboxes[w].delivered)
+
+    def _forwarded_heartbeats(self, w: int) -> frozenset[int]:
+        """Push: the requests named by heartbeats rank w's writer thread forwarded to the
+        engine's queue and its step has not drained (the spec's hbf); pull: none."""
+        if self.row.transfer != "push":
+            return frozenset()
+        return self._names(self.vd.c.nixl_worker(w)._pending_completion_notifs.queue)
+
+    def _names(self, msgs: Any) -> frozenset[int]:
+        hbs = [m for m in msgs if m.startswith(b"HB:")]
+        return self.vd._reqs(x for m in hbs for x in m.decode()[3:].split(",") if x)
