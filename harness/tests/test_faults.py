@@ -85,3 +85,39 @@ def test_in_pd_push_late_p_freed_at_its_lease_before_d_finished() -> None:
     side on a recording."""
     held = held_after_d_finished(read_dir(REC / "pd-push-late"), "P")
     assert len(held) == 2 and all(s < 8 and not after for s, after in held.values())
+
+
+STAGED = REC / "pd-push-p-handshake-fail"
+
+
+def test_the_staged_run_records_ps_refused_handshake_no_write_and_d_keeping_its_blocks() -> None:
+    """conformance/recorded/pd-push-p-handshake-fail (real 0.32 engines): P's handshake with
+    D failed as staged (the recorder's event, ok false, with the fault's error), P never
+    WRITEs, P held both requests past its 30 s lease (a heartbeat extended it), and D never
+    freed its P/D requests' blocks (their receive outstanding after the aborts)."""
+    from kvspec.record.faults import REFUSED
+    from kvspec.scenario_flows import frees_of
+
+    events = read_dir(STAGED)
+    meta = json.loads((STAGED / "expect.json").read_text())
+    hs = [e for e in events if e.engine == "P" and e.call == "handshake"]
+    assert [e.result["ok"] for e in hs] == [False] and REFUSED in hs[0].result["error"]
+    assert not any(e.call == "write" for e in events) and meta["writes"] == 0
+    held = held_after_d_finished(events, "P")
+    assert len(held) == 2 and all(s > 30 for s, _ in held.values())
+    assert round(min(s for s, _ in held.values()), 1) == meta["p_held_s"]
+    base, last, freed = frees_of(events, "D")
+    assert base is not None and last is not None and last < base
+    assert not {r for r in freed if not r.startswith("local")}
+
+
+@pytest.mark.slow  # an admitted side: make test-full (make e2e validates every side)
+def test_the_staged_run_is_admitted_by_the_producer_and_decode_sides(tmp_path: Path) -> None:
+    from kvspec.record.mapping import map_recording
+    from kvspec.validate import check_design
+
+    m = map_recording(read_dir(STAGED))
+    v = check_design(m, "v0.30-shipped", tmp_path)
+    if v.verdict == "inconclusive":
+        pytest.skip(f"inconclusive: {v.detail}")
+    assert (v.verdict, v.explained) == ("admitted", len(m.log))
