@@ -15,7 +15,9 @@ and in the driver's own view of them, by a clock the driver advances (lease_driv
 | `heartbeat` | every D rank's `_send_heartbeats` (the requests D tracks); the message, once |
 | | it reached each producer rank's agent, is handed to that rank's next `_get_new_notifs` |
 | | (P's next step runs vLLM's `_handle_heartbeat`), unless the spec lost it there; |
-| | push: the rank's writer thread forwards it to the engine's queue first |
+| | push: it waits at the agent (held by the driver) until the rank's writer thread |
+| | reads it: at P's next step (after the step drained the queue) or at `writer_poll` |
+| `writer_poll(w)` | push: rank w's self-polling writer forwards what waits at its agent |
 | `heartbeat` (handshake not done) | vLLM's `_send_heartbeats` starts, or waits for, the |
 | | proactive handshake, held at the seam; nothing is sent |
 | `handshake_done` | the held handshake's exchange completes; vLLM's callbacks run |
@@ -31,9 +33,10 @@ Observed: KVCompletion's variables as `VllmDriver.observe` reads them (`expired`
 passed on the controlled clock), `ttl` of every installed lease (whole ticks to its
 deadline; 0 elsewhere, where the spec's TTL is not yet or no longer a worker's) and `land`
 (READs D reported) and `hbq` (the requests named by heartbeats handed to a rank and not
-yet read by its worker). The first heartbeat's handshake (`hs`) is driven at the handshake seam
-(`heartbeat_swallowed`, `handshake_done`). Not driven: a notification
-overtaking its READ (lease_driver.EarlyNotifs does it for LeaseClock).
+yet read by its worker; push: by its writer thread) and `hbf` (push: forwarded to the
+engine's queue, not yet drained by a step). The first heartbeat's handshake (`hs`) is
+driven at the handshake seam (`heartbeat_swallowed`, `handshake_done`). Not driven: a
+notification overtaking its READ (lease_driver.EarlyNotifs does it for LeaseClock).
 """
 
 from __future__ import annotations
@@ -129,12 +132,18 @@ class ClockDriver:
     def consumer_start_load_kv(self, r: int, w: int) -> None:
         """KVClock `consumer_start_load_kv(r, w)` (KVCompletion's, unguarded): D posts a
         real NIXL READ of r's block from rank w."""
-        # a request D finished early is still read by a rank whose step had it to read
-        if r not in self.added or r in self.seen or (r in self.gone and r not in self.finished):
-            raise MissingAction(f"consumer_start_load_kv({r}, {w}): D does not hold r")
-        if self.held:
-            raise MissingAction(f"consumer_start_load_kv({r}, {w}): the handshake is pending")
+        self._may_transfer(f"consumer_start_load_kv({r}, {w})", r)
         self.vd.consumer_start_load_kv(r, w)
+
+    def _may_transfer(self, action: str, r: int) -> None:
+        """KVClock's guard a READ (pull) and a WRITE (push) share on D's side: D holds r
+        (tracks it; a request D finished early is still read by a rank whose step had it
+        to read, and one whose registration went out is still written) and no handshake with the
+        producer is pending."""
+        if r not in self.added or r in self.seen or (r in self.gone and r not in self.finished):
+            raise MissingAction(f"{action}: D does not hold r")
+        if self.held:
+            raise MissingAction(f"{action}: the handshake is pending")
 
     def consumer_read_done(self, r: int, w: int) -> None:
         """KVClock `consumer_read_done(r, w)`: D's get_transfer_results reports the READ
@@ -157,10 +166,7 @@ class ClockDriver:
         PUSH_REG reaches rank w, whose writer thread posts the real WRITE (the vLLM
         driver's `push_write`; on a lease whose deadline passed too: the writer does not
         look at it, push_worker.py `_do_start_push_kv`)."""
-        if r not in self.added or r in self.seen or (r in self.gone and r not in self.finished):
-            raise MissingAction(f"push_write({r}, {w}): D does not hold r")
-        if self.held:
-            raise MissingAction(f"push_write({r}, {w}): the handshake is pending")
+        self._may_transfer(f"push_write({r}, {w})", r)
         self.vd.push_write(r, w)
 
     def push_write_done(self, r: int, w: int) -> None:
@@ -273,12 +279,11 @@ class ClockDriver:
             self._hand_to_engine(w, item[1])
 
     def _hand_to_engine(self, w: int, msg: bytes) -> None:
-        """Push: rank w's writer thread reads its agent (push_worker.py
-        `_push_writer_loop`) and forwards a heartbeat to the engine's queue
+        """Push: rank w's writer thread, woken here, reads the heartbeat at its agent
+        (push_worker.py `_push_writer_loop`) and forwards it to the engine's queue
         (`_pending_completion_notifs`), which the rank's next get_transfer_results drains
-        (`_get_new_notifs` -> `_handle_heartbeat`, 763-764). Woken here and waited for, so
-        the message waits for P's next step there, as a pull heartbeat waits at the agent
-        (vLLM wakes the writer at every get_transfer_results, 814: one step later)."""
+        (`_get_new_notifs` -> `_handle_heartbeat`, 763-764). Waited for, so that the queue
+        holds what the spec's hbf says before the driver's next step."""
         nw = self.vd.c.nixl_worker(w)
         inbox = self.vd.c.inboxes[w]
         nw._push_writer_wake.set()
