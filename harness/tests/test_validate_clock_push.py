@@ -5,7 +5,9 @@ tells apart. The real push runs (conformance/recorded/pd-push, pd-push-tp2: real
 engines) map each WRITE before D's receive; pd-push is admitted. Negative control: the
 same run with P's WRITE of one request (and D's receive of it) dropped, P still reporting
 it in the step where it did, 40 s into a 120 s lease: KVTrace, untimed, reads that report
-as the lease running out and admits it; the clock rejects it at that report."""
+as the lease running out and admits it; the clock rejects it at that report. After a
+producer stall, real pull handles the heartbeats that waited before its reaper and real
+push reaps first (pd-push-p-stall), the difference KVClock's push hbf models."""
 
 from __future__ import annotations
 
@@ -83,3 +85,36 @@ def test_the_untimed_spec_admits_the_report_with_no_write(tmp_path: Path) -> Non
 def test_unwritten_refuses_a_request_the_producer_never_wrote() -> None:
     with pytest.raises(ValueError, match="never wrote"):
         unwritten(_pd_push(), "P", "no-such-request")
+
+
+def _p_worker_gaps(events: list[Event], min_s: float) -> list[tuple[int, int]]:
+    """(last P worker event before, first after) each gap of P's worker over min_s."""
+    p = [e for e in events if e.engine == "P" and e.role == "worker"
+         and e.call in ("get_transfer_results", "heartbeat_recv")]  # fmt: skip
+    return [(a.t_ns, b.t_ns) for a, b in zip(p, p[1:], strict=False)
+            if b.t_ns - a.t_ns > min_s * 1e9]  # fmt: skip
+
+
+def test_after_a_producer_stall_pull_handles_waiting_heartbeats_first_push_reaps() -> None:
+    """Real 0.32 runs. Pull (queued-heartbeats-shm-recheck): after each stall of P's worker
+    its first call is _handle_heartbeat (the heartbeats that waited at the agent, before
+    the reaper). Push (pd-push-p-stall): after a 25 s stall P's first step reports both
+    requests (the reaper) and no heartbeat is ever handled again, though D sent four before
+    the lease's deadline: push reads only what its parked writer thread forwarded (KVClock's
+    hbf; the model's push-tp1-wait80s-hb-ok-p-step-15s)."""
+    pull = read_dir(REC / "queued-heartbeats-shm-recheck")
+    gaps = _p_worker_gaps(pull, 5)
+    assert len(gaps) >= 2
+    for _, after in gaps:
+        first = next(e for e in pull if e.engine == "P" and e.t_ns == after)
+        assert first.call == "heartbeat_recv"
+    push = read_dir(REC / "pd-push-p-stall")
+    meta = json.loads((REC / "pd-push-p-stall" / "expect.json").read_text())
+    (before, after), = _p_worker_gaps(push, 20)
+    first = next(e for e in push if e.engine == "P" and e.role == "worker" and e.t_ns == after)
+    assert first.call == "get_transfer_results" and len(first.ids("finished_sending")) == 2
+    assert not any(e.call == "heartbeat_recv" and e.t_ns > before for e in push)
+    handled = max(e.t_ns for e in push if e.call == "heartbeat_recv")
+    deadline = handled + 20e9  # the last heartbeat P handled, + 2/3 of the 30 s lease
+    sent = [e for e in push if e.call == "heartbeat_send" and before < e.t_ns < deadline]
+    assert len(sent) == meta["heartbeats_sent_in_stall_before_deadline"]

@@ -1,6 +1,6 @@
 """Faults a scenario stages inside a real engine (`kvspec scenario`, never `kvspec record`:
 a user's recording must change nothing). Loaded as the engine's
-`kv_connector_module_path` instead of kvspec.record.connectors; every class here is the
+`kv_connector_module_path` instead of kvspec.record.connectors; its class is the
 recording one, so the run is recorded as any other.
 
 `NixlPushConnector`: the producer's handshakes with decode engines fail. Push mode's
@@ -22,12 +22,9 @@ from __future__ import annotations
 from typing import Any
 
 from kvspec.record import connectors as _recording
-from kvspec.record.connectors import MultiConnector, NixlConnector
 
 # push mode: vLLM 0.32+ (kvspec.record.connectors defines it only there)
 _RecordedPush: Any = getattr(_recording, "NixlPushConnector", None)
-
-__all__ = ["MultiConnector", "NixlConnector", "NixlPushConnector", "REFUSED"]
 
 REFUSED = "kvspec fault: the producer's handshake with the decode engine is refused"
 
