@@ -94,6 +94,7 @@ def test_negative_control_the_same_run_under_a_longer_lease_frees_too_early(
     )
 
 
+@pytest.mark.slow  # an admitted side (its negative control, the longer lease, stays)
 def test_a_lease_reaped_when_it_runs_out_is_admitted(tmp_path: Path) -> None:
     """P only, nobody reads: the reaper frees in the tick the 6 s lease ends."""
     verdict, explained, safe, log = _verdict(_recorded("lease-expiry"), tmp_path)
