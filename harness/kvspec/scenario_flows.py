@@ -91,6 +91,13 @@ def held_after_d_finished(events: list[Event], producer: str) -> dict[str, tuple
             for r, t in done.items() if r in freed}
 
 
+def heartbeat_extended(events: list[Event], producer: str) -> set[str]:
+    """The producer's requests a heartbeat it handled named while it held them (the
+    recorder's `heartbeat_recv`, its `held`: _handle_heartbeat extended their leases)."""
+    return {str(r) for e in events if e.engine == producer and e.call == "heartbeat_recv"
+            for r in e.result.get("held", ())}  # fmt: skip
+
+
 def wait_until(pred: Callable[[], bool], timeout_s: float, *,
                clock: Callable[[], float] = time.monotonic,
                sleep: Callable[[float], None] = time.sleep) -> bool:  # fmt: skip

@@ -82,9 +82,13 @@ def test_held_requests_are_read_off_the_recording() -> None:
 
 def test_in_pd_push_late_p_freed_at_its_lease_before_d_finished() -> None:
     """The real run where P freed first (D handed on after P's lease): the check's other
-    side on a recording."""
-    held = held_after_d_finished(read_dir(REC / "pd-push-late"), "P")
+    side on a recording; no heartbeat P handled extended either lease."""
+    from kvspec.scenario_flows import heartbeat_extended
+
+    events = read_dir(REC / "pd-push-late")
+    held = held_after_d_finished(events, "P")
     assert len(held) == 2 and all(s < 8 and not after for s, after in held.values())
+    assert heartbeat_extended(events, "P") == set()
 
 
 STAGED = REC / "pd-push-p-handshake-fail"
@@ -105,6 +109,9 @@ def test_the_staged_run_records_ps_refused_handshake_no_write_and_d_keeping_its_
     assert not any(e.call == "write" for e in events) and meta["writes"] == 0
     held = held_after_d_finished(events, "P")
     assert len(held) == 2 and all(s > 30 for s, _ in held.values())
+    from kvspec.scenario_flows import heartbeat_extended
+
+    assert heartbeat_extended(events, "P") == set(held)  # the judge's check, both sides
     assert round(min(s for s, _ in held.values()), 1) == meta["p_held_s"]
     base, last, freed = frees_of(events, "D")
     assert base is not None and last is not None and last < base
