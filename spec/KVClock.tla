@@ -52,6 +52,16 @@
 (* (push_write_done: D's notification and P's handle, one bound RMax).    *)
 (* QMax bounds P returning r -> the WRITE posted (hand-off, D's queue, the *)
 (* registration, P's handshake with D).                                    *)
+(* P's handshake with D (PHsMax > 0): each P rank handshakes D lazily, at  *)
+(* the first registration its writer matches (_do_start_push_kv ->         *)
+(* _ensure_handshake, PuW:457-481; again after _evict_stale_engines).      *)
+(* While it is pending the writer has popped r's blocks with D's           *)
+(* registration (push_match) and parks them in the handshake's callback;   *)
+(* when it completes the callback queues them (_deferred_push_inbox) and   *)
+(* the writer posts the WRITE (PuW:247-252), with no look at r's lease:    *)
+(* the reaper may have reported r and P freed its blocks meanwhile         *)
+(* (push_handshake_done; NoWriteFromFreed).  QMax then bounds P returning  *)
+(* r -> its registration matched, PHsMax the handshake.                    *)
 (***************************************************************************)
 EXTENDS Naturals, FiniteSets, Sequences
 
@@ -84,6 +94,8 @@ CONSTANTS
     PStep,     \* the longest P goes without a step while it holds a lease, in ticks (a long
                \* forward; 99 or more: any, the count not kept).  Pull's heartbeats wait at
                \* the agent for P's next step whenever it comes; push's may wait one more
+    PHsMax,    \* push: longest P rank's handshake with D, in ticks, started by the first
+               \* registration its writer matches (0: done before any, the first model)
     ReadFails  \* a posted READ may fail on the transport while P lives: it never lands and
                \* P never gets its notification (NIXL sends a READ's notif_msg with the
                \* transfer, pull_worker.py:546-553); D's poll reports it failed
@@ -98,6 +110,7 @@ ASSUME /\ Transfer \in {"pull", "push"}
        /\ DStall \in Nat /\ Swallow \in BOOLEAN /\ HsMax \in Nat /\ NotifFirst \in BOOLEAN
        /\ Abandon \in BOOLEAN /\ ShipLate \in BOOLEAN /\ DFinish \in BOOLEAN
        /\ ReadFails \in BOOLEAN /\ PStep \in Nat \ {0}
+       /\ PHsMax \in Nat /\ (PHsMax > 0 => Transfer = "push")
 
 VARIABLES
     req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif, replQ,
@@ -124,14 +137,20 @@ VARIABLES
             \* drains before the reaper; pull: unused ({})
     hbq,    \* requests named by heartbeats that reached rank w's agent and wait for
             \* its next step (NIXL queues them until _get_new_notifs reads them)
-    failed  \* <<r, w>>: the READ of r from w failed (ReadFails): it never lands, and P
+    failed, \* <<r, w>>: the READ of r from w failed (ReadFails): it never lands, and P
             \* never gets its notification
+    phs,    \* push: P rank w's handshake with D: "none", "pending", "done"
+    phsAge, \* ticks P rank w's handshake with D has been pending
+    claim,  \* push: requests whose blocks rank w's writer matched with D's registration
+            \* and holds in the pending handshake's callback (no WRITE posted yet)
+    late    \* <<r, w>>: rank w posted a WRITE of r after P freed r's blocks
 
 kvvars == <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif, replQ,
             extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits, lateFinish,
             clobbered, published>>
+pvars == <<phs, phsAge, claim, late>>
 cvars == <<ttl, qage, age, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge,
-          failed>>
+          failed, pvars>>
 vars == <<kvvars, cvars>>
 
 K == INSTANCE KVCompletion WITH NReq <- Cardinality(Reqs), Timing <- "untimed"
@@ -148,7 +167,9 @@ Tracked == {r \in atD \ gone : r \notin seen}
 AllLanded(r) == \A w \in Sources : <<r, w>> \in land
 \* r waits for D (the router's hand-off, then D's queue): some READ of it is still to be
 \* posted (and P still serves it).
-Queued == {r \in sent \ gone : req[r] = "sending" /\ \E w \in Sources : rd[r][w] = "none"}
+\* (push: a registration the writer matched waits for P's handshake with D, PHsMax)
+Queued == {r \in sent \ gone : req[r] = "sending" /\ \E w \in Sources : rd[r][w] = "none"
+                                                  /\ r \notin claim[w]}
 Posted(r, w) == rd[r][w] # "none"
 \* The READ of r from w ended: it landed, or it failed.
 Ended(r, w) == <<r, w>> \in land \/ <<r, w>> \in failed
@@ -173,6 +194,10 @@ Init ==
     /\ hbf = [w \in Ranks |-> {}]
     /\ pAge = 0
     /\ failed = {}
+    /\ phs = [w \in Ranks |-> IF PHsMax > 0 THEN "none" ELSE "done"]
+    /\ phsAge = [w \in Ranks |-> 0]
+    /\ claim = [w \in Ranks |-> {}]
+    /\ late = {}
 
 -----------------------------------------------------------------------------
 (* KVCompletion's producer steps.  A request that becomes "sending" gets its *)
@@ -185,7 +210,7 @@ StampExt(E) ==
                  ELSE IF r \in E[w] THEN Max(ttl[w][r], Extend)
                  ELSE ttl[w][r]]]
     /\ sent' = sent \cup {r \in Reqs : req'[r] = "sending"}
-    /\ UNCHANGED <<qage, age, land, atD, seen, gone, hbAge, hs, hsAge, lost, failed>>
+    /\ UNCHANGED <<pvars, qage, age, land, atD, seen, gone, hbAge, hs, hsAge, lost, failed>>
 
 \* (a waiting heartbeat naming a request P freed can change nothing: dropped)
 Stamp == /\ StampExt(K!NoReports)
@@ -225,7 +250,7 @@ store_complete(r, w) == K!store_complete(r, w) /\ UNCHANGED cvars
 consumer_add_request(r) ==
     /\ r \in sent \ atD
     /\ atD' = atD \cup {r}
-    /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, seen, gone, hbAge, hs, hsAge, lost,
+    /\ UNCHANGED <<pvars, kvvars, ttl, qage, age, land, sent, seen, gone, hbAge, hs, hsAge, lost,
                    hbq, hbf, pAge, failed>>
 
 (* D's scheduler processes r's finished_recving (update_connector_output)  *)
@@ -233,7 +258,7 @@ consumer_add_request(r) ==
 consumer_update(r) ==
     /\ r \in atD \ seen /\ AllLanded(r)
     /\ seen' = seen \cup {r}
-    /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, atD, gone, hbAge, hs, hsAge, lost,
+    /\ UNCHANGED <<pvars, kvvars, ttl, qage, age, land, sent, atD, gone, hbAge, hs, hsAge, lost,
                    hbq, hbf, pAge, failed>>
 
 (* D's start_load_kv posts the READ of r from producer rank w.  With       *)
@@ -249,7 +274,7 @@ consumer_start_load_kv(r, w) ==
     /\ K!consumer_start_load_kv(r, w)
     /\ qage' = [qage EXCEPT ![r] = IF \A v \in Sources \ {w} : Posted(r, v) THEN 0 ELSE @]
     /\ age' = [age EXCEPT ![r][w] = 0]
-    /\ UNCHANGED <<ttl, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge, failed>>
+    /\ UNCHANGED <<pvars, ttl, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge, failed>>
 
 (* The READ lands in D's blocks (D's get_transfer_results reports it).      *)
 consumer_read_done(r, w) ==
@@ -257,7 +282,7 @@ consumer_read_done(r, w) ==
     /\ Posted(r, w) /\ ~Ended(r, w)
     /\ land' = land \cup {<<r, w>>}
     /\ age' = [age EXCEPT ![r][w] = 0]
-    /\ UNCHANGED <<kvvars, ttl, qage, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge,
+    /\ UNCHANGED <<pvars, kvvars, ttl, qage, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge,
                    failed>>
 
 (* The READ fails on the transport while P lives (ReadFails; not fair): it *)
@@ -268,7 +293,7 @@ consumer_read_fails(r, w) ==
     /\ Posted(r, w) /\ ~Ended(r, w) /\ rd[r][w] = "inflight"
     /\ failed' = failed \cup {<<r, w>>}
     /\ age' = [age EXCEPT ![r][w] = 0]
-    /\ UNCHANGED <<kvvars, ttl, qage, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost,
+    /\ UNCHANGED <<pvars, kvvars, ttl, qage, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost,
                    hbq, hbf, pAge>>
 
 (* D's scheduler processes r's failed receive (update_connector_output:    *)
@@ -280,7 +305,7 @@ consumer_fail(r) ==
     /\ seen' = seen \cup {r}
     /\ gone' = gone \cup {r}
     /\ qage' = [qage EXCEPT ![r] = 0]
-    /\ UNCHANGED <<kvvars, ttl, age, land, sent, atD, hbAge, hs, hsAge, lost, hbq, hbf, pAge, failed>>
+    /\ UNCHANGED <<pvars, kvvars, ttl, age, land, sent, atD, hbAge, hs, hsAge, lost, hbq, hbf, pAge, failed>>
 
 (* D's scheduler finishes r before its receive is processed (DFinish; not  *)
 (* fair): request_finished stops r's heartbeats (pull_scheduler.py:215-217). *)
@@ -290,7 +315,7 @@ consumer_finish(r) ==
     /\ r \in atD \ (gone \cup seen)
     /\ gone' = gone \cup {r}
     /\ qage' = [qage EXCEPT ![r] = 0]
-    /\ UNCHANGED <<kvvars, ttl, age, land, sent, atD, seen, hbAge, hs, hsAge, lost, hbq, hbf, pAge,
+    /\ UNCHANGED <<pvars, kvvars, ttl, age, land, sent, atD, seen, hbAge, hs, hsAge, lost, hbq, hbf, pAge,
                    failed>>
 
 (* The READ's "r:1" reaches rank w's agent (KVCompletion's                  *)
@@ -301,24 +326,28 @@ consumer_get_finished(r, w) ==
     /\ K!consumer_get_finished(r, w)
     \* an overtaking notification leaves the READ's own bound running
     /\ age' = [age EXCEPT ![r][w] = IF <<r, w>> \in land THEN 0 ELSE @]
-    /\ UNCHANGED <<ttl, qage, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge, failed>>
+    /\ UNCHANGED <<pvars, ttl, qage, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge, failed>>
 
 (* Push: P's writer thread posts the WRITE of r from rank w.  D's          *)
 (* PUSH_REG is there: D tracks r, and its handshake with P is done (the    *)
 (* registration waits for it, PuW:317-381, as a READ does).  P's blocks    *)
 (* are at the writer: shipped with r's lease (KVCompletion's push_write: r *)
 (* installed on w), on a deadline that passed too (the writer does not     *)
-(* look at it).  Not modelled: the writer matching a PUSH_REG in the       *)
-(* moment between the reaper's report and the eviction it queues          *)
-(* (PuW:845), a race inside one P step.                                    *)
+(* look at it).  With P's handshake with D pending (PHsMax > 0) the       *)
+(* writer matches first and posts later: push_match, push_handshake_done.  *)
+(* Not modelled: the writer matching a PUSH_REG in the moment between the  *)
+(* reaper's report and the eviction it queues (PuW:845), a race inside one *)
+(* P step; it adds no free that the lease's expiry does not already give  *)
+(* (the WRITE is posted before update_from_output frees the blocks).       *)
 push_write(r, w) ==
     /\ r \in atD \ seen
     /\ r \notin gone \/ DFinish
     /\ hs # "pending"
+    /\ phs[w] = "done"
     /\ K!push_write(r, w)
     /\ qage' = [qage EXCEPT ![r] = IF \A v \in Sources \ {w} : Posted(r, v) THEN 0 ELSE @]
     /\ age' = [age EXCEPT ![r][w] = 0]
-    /\ UNCHANGED <<ttl, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge, failed>>
+    /\ UNCHANGED <<pvars, ttl, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge, failed>>
 
 (* Push: every WRITE handle of r on rank w is done: the data is in D's      *)
 (* blocks, D's notification counts it, and rank w reports r at its next     *)
@@ -328,7 +357,50 @@ push_write_done(r, w) ==
     /\ K!push_write_done(r, w)
     /\ land' = land \cup {<<r, w>>}
     /\ age' = [age EXCEPT ![r][w] = 0]
-    /\ UNCHANGED <<ttl, qage, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge, failed>>
+    /\ UNCHANGED <<pvars, ttl, qage, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge, failed>>
+
+(* Push, P's handshake with D not done (PHsMax > 0): rank w's writer       *)
+(* matches D's registration with r's blocks as push_write would, and       *)
+(* _ensure_handshake returns a future (starting the handshake, or the      *)
+(* pending one): _do_start_push_kv attaches _on_handshake, which holds     *)
+(* r's blocks, and returns (PuW:457-481).  The blocks have left            *)
+(* _push_finished_blocks, so the reaper's eviction (3b, PuW:266-276) no    *)
+(* longer reaches them.                                                    *)
+push_match(r, w) ==
+    /\ r \in atD \ seen
+    /\ r \notin gone \/ DFinish
+    \* D sends its registration once its own handshake with P is done (PuW:328-341)
+    /\ hs = "done"
+    /\ phs[w] # "done"
+    /\ r \notin claim[w]
+    /\ K!PushWritable(r, w)
+    /\ claim' = [claim EXCEPT ![w] = @ \cup {r}]
+    /\ phs' = [phs EXCEPT ![w] = "pending"]
+    /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost,
+                   hbq, hbf, pAge, failed, phsAge, late>>
+
+(* P rank w's handshake with D completes (within PHsMax ticks): each       *)
+(* _on_handshake puts its request on _deferred_push_inbox and the writer   *)
+(* posts the WRITEs (PuW:247-252 -> _do_start_push_kv -> _xfer_blocks),    *)
+(* whether or not r's lease was reaped and its blocks freed meanwhile: no  *)
+(* step on the way looks at _reqs_to_send or the deadline.  The report of  *)
+(* such a WRITE is filtered (PuW:827-831: r is no longer tracked); D       *)
+(* counts its notification and takes r as received.                        *)
+push_handshake_done(w) ==
+    /\ phs[w] = "pending"
+    /\ phs' = [phs EXCEPT ![w] = "done"]
+    /\ phsAge' = [phsAge EXCEPT ![w] = 0]
+    /\ claim' = [claim EXCEPT ![w] = {}]
+    /\ rd' = [r \in Reqs |-> [v \in Ranks |->
+                 IF v = w /\ r \in claim[w] THEN "inflight" ELSE rd[r][v]]]
+    /\ late' = late \cup {<<r, w>> : r \in {x \in claim[w] : req[x] = "freed"}}
+    /\ age' = [r \in Reqs |-> [v \in Ranks |-> IF v = w /\ r \in claim[w] THEN 0 ELSE age[r][v]]]
+    /\ qage' = [r \in Reqs |-> IF r \in claim[w] /\ \A v \in Sources \ {w} : Posted(r, v)
+                               THEN 0 ELSE qage[r]]
+    /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif,
+                   replQ, extra, store, stored, pend, unsub, jobs, fence, hb, agg, emits,
+                   lateFinish, clobbered, published, ttl, land, sent, atD, seen, gone, hbAge,
+                   hs, hsAge, lost, hbq, hbf, pAge, failed>>
 
 (* D gives up on a queued request for good.  Not fair.                      *)
 abandon(r) ==
@@ -337,7 +409,7 @@ abandon(r) ==
     /\ \A w \in Sources : ~Posted(r, w)
     /\ gone' = gone \cup {r}
     /\ qage' = [qage EXCEPT ![r] = 0]
-    /\ UNCHANGED <<kvvars, ttl, age, land, sent, atD, seen, hbAge, hs, hsAge, lost, hbq, hbf, pAge,
+    /\ UNCHANGED <<pvars, kvvars, ttl, age, land, sent, atD, seen, hbAge, hs, hsAge, lost, hbq, hbf, pAge,
                    failed>>
 
 (* D's scheduler packages heartbeats (once per interval) and every D rank's *)
@@ -368,7 +440,7 @@ HbDue ==
     /\ Tracked # {}
     /\ hbAge >= HbEvery
     /\ hbAge' = 0
-    /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, notif, replQ,
+    /\ UNCHANGED <<pvars, req, needSend, notProc, finReqs, steps, toProcess, lease, notif, replQ,
                    extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits,
                    lateFinish, clobbered, published, qage, age, land, sent, atD, seen, gone>>
 
@@ -380,7 +452,7 @@ handshake_done ==
     /\ hs = "pending"
     /\ hs' = "done"
     /\ hsAge' = 0
-    /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, atD, seen, gone, hbAge, lost, hbq, hbf, pAge,
+    /\ UNCHANGED <<pvars, kvvars, ttl, qage, age, land, sent, atD, seen, gone, hbAge, lost, hbq, hbf, pAge,
                    failed>>
 
 (* One tick.  Bounded delays are urgent: the clock does not pass D's queue  *)
@@ -412,12 +484,12 @@ Holding == \E w \in Ranks : lease[w] # {}
 (* next step wakes it (execute_model).                                     *)
 WriterPolls(w) ==
     /\ Transfer = "push"
-    /\ \E r \in Reqs : r \in lease[w] /\ rd[r][w] = "none" /\ req[r] = "sending"
+    /\ \E r \in Reqs : r \in lease[w] \ claim[w] /\ rd[r][w] = "none" /\ req[r] = "sending"
 writer_poll(w) ==
     /\ WriterPolls(w) /\ hbq[w] # {}
     /\ hbf' = [hbf EXCEPT ![w] = @ \cup hbq[w]]
     /\ hbq' = [hbq EXCEPT ![w] = {}]
-    /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost,
+    /\ UNCHANGED <<pvars, kvvars, ttl, qage, age, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost,
                    pAge, failed>>
 
 tick ==
@@ -430,6 +502,7 @@ tick ==
     /\ \A r \in Reqs, w \in Sources : Pending(r, w) => age[r][w] < Bound(r, w)
     /\ Tracked # {} => hbAge < HbEvery + DStall
     /\ hs = "pending" => hsAge < HsMax
+    /\ \A w \in Ranks : phs[w] = "pending" => phsAge[w] < PHsMax
     /\ ShipLate \/ ~Unshipped
     /\ \E r \in Reqs : req[r] # "freed" \/ r \in Tracked
     \* (every deadline is shipped at a tick: one P no longer holds is dropped)
@@ -447,14 +520,16 @@ tick ==
     /\ age' = [r \in Reqs |-> [w \in Ranks |-> IF Pending(r, w) THEN age[r][w] + 1 ELSE 0]]
     /\ hbAge' = IF hbAge < HbEvery + DStall THEN hbAge + 1 ELSE hbAge
     /\ hsAge' = IF hs = "pending" THEN hsAge + 1 ELSE 0
+    /\ phsAge' = [w \in Ranks |-> IF phs[w] = "pending" THEN phsAge[w] + 1 ELSE 0]
     /\ pAge' = IF PStep < 99 /\ Holding THEN pAge + 1 ELSE 0
-    /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, notif, replQ,
+    /\ UNCHANGED <<claim, late, phs, req, needSend, notProc, finReqs, steps, toProcess, lease, notif, replQ,
                    extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits,
                    lateFinish, clobbered, published, land, sent, atD, seen, gone, hs, lost,
                    hbq, hbf, failed>>
 
 Done == /\ \A r \in Reqs : req[r] = "freed" /\ r \notin Tracked /\ (r \in sent => r \in atD)
         /\ \A r \in Reqs, w \in Ranks : ~Pending(r, w)
+        /\ \A w \in Ranks : claim[w] = {}
         /\ ~K!CanSchedule
 
 Next ==
@@ -464,8 +539,9 @@ Next ==
     \/ \E r \in Reqs, w \in Ranks :
           \/ consumer_start_load_kv(r, w) \/ consumer_read_done(r, w)
           \/ consumer_get_finished(r, w) \/ store_complete(r, w) \/ consumer_read_fails(r, w)
-          \/ push_write(r, w) \/ push_write_done(r, w)
+          \/ push_write(r, w) \/ push_write_done(r, w) \/ push_match(r, w)
     \/ heartbeat \/ handshake_done
+    \/ \E w \in Ranks : push_handshake_done(w)
     \/ \E w \in Ranks : writer_poll(w)
     \/ tick
     \/ Done /\ UNCHANGED vars  \* the end: no deadlock
@@ -487,6 +563,8 @@ Spec == Init /\ [][Next]_vars
         /\ WF_vars(\E r \in Reqs, w \in Ranks : store_complete(r, w))
         /\ WF_vars(\E r \in Reqs, w \in Ranks : push_write(r, w))
         /\ WF_vars(\E r \in Reqs, w \in Ranks : push_write_done(r, w))
+        /\ WF_vars(\E r \in Reqs, w \in Ranks : push_match(r, w))
+        /\ WF_vars(\E w \in Ranks : push_handshake_done(w))
         /\ WF_vars(heartbeat) /\ WF_vars(handshake_done) /\ WF_vars(tick)
         /\ WF_vars(\E w \in Ranks : writer_poll(w))
 
@@ -500,6 +578,8 @@ TypeOK ==
     /\ lost \in 0 .. MaxLost
     /\ hs \in {"none", "pending", "done"} /\ hsAge \in 0 .. HsMax
     /\ failed \subseteq Reqs \X Ranks /\ failed \cap land = {}
+    /\ phs \in [Ranks -> {"none", "pending", "done"}] /\ phsAge \in [Ranks -> 0 .. PHsMax]
+    /\ claim \in [Ranks -> SUBSET Reqs] /\ late \subseteq Reqs \X Ranks
 
 -----------------------------------------------------------------------------
 (* #21570, #24268: P frees r while D's READ of it is yet to land (queued,   *)
@@ -512,6 +592,11 @@ TypeOK ==
 \* for it (Decode.tla's push rows: its registration watchdog does not free it).
 NoFreeUnderRead ==
     \A r \in atD \ gone : req[r] = "freed" => \A w \in Sources : Ended(r, w)
+
+\* Push (PHsMax > 0): no WRITE is posted from blocks P freed.  One that is reads whatever
+\* the blocks hold by then (another request's KV once they are reused) into D's blocks,
+\* and D takes it as r's: no stall, a wrong answer.
+NoWriteFromFreed == late = {}
 
 \* KVCompletion's own safety properties, on the clocked behaviours.
 \* Its NoFreeWhileInFlight fuses a READ and its notification: a free between the READ

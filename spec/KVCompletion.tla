@@ -492,13 +492,15 @@ consumer_get_finished(r, w) ==
 (* 254-264, 297-313).  The lease must be installed (start_load_kv installs *)
 (* it only for r in _reqs_to_process, 220-226; guarded: live).  rd records *)
 (* WRITE as it records a pull READ.  Not fair: D may never register.       *)
-push_write(r, w) ==
+PushWritable(r, w) ==
     /\ Transfer = "push"
     /\ req[r] = "sending"
     /\ w \in ReadSources
     /\ rd[r][w] = "none"
     /\ r \in lease[w]
     /\ LiveFor(r, w)
+push_write(r, w) ==
+    /\ PushWritable(r, w)
     /\ rd' = [rd EXCEPT ![r][w] = "inflight"]
     /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif,
                    replQ, extra, store, stored, pend, unsub, jobs, fence, hb, agg, emits,

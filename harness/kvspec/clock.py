@@ -26,7 +26,7 @@ _INTS = {
     "Lease": "lease", "HbEvery": "hb_every", "Extend": "extend", "AMax": "amax",
     "QMax": "qmax",
     "RMax": "rmax", "NMax": "nmax", "MaxLost": "max_lost", "DStall": "dstall", "HsMax": "hs_max",
-    "PStep": "pstep",
+    "PStep": "pstep", "PHsMax": "phs_max",
 }  # fmt: skip
 _BOOLS = {
     "AsyncScheduling": "async_scheduling", "Swallow": "swallow", "NotifFirst": "notif_first",
@@ -51,14 +51,14 @@ CLOCK = Sweep(
         *(Const(n, k, "int") for n, k in _INTS.items()),
         *(Const(n, k, "bool") for n, k in _BOOLS.items()),
     ),
-    invariants=("NoFreeUnderRead", "NoLateFinish", "AtMostOnceEmit"),
+    invariants=("NoFreeUnderRead", "NoLateFinish", "AtMostOnceEmit", "NoWriteFromFreed"),
     # checked only in rows that name them: GuardsHold and the vacuity guard everywhere
     # (defaults), the fused-READ property where a row compares it with NoFreeUnderRead
     reach=("GuardsHold", "ReachReadThenFreed", "FusedNoFreeWhileInFlight",
            "ReachFreeUnderFinishedRead", "ReachFailedThenFreed", "ReachFreeUnderWrite"),
     liveness=("EveryRequestDone", "DelayedEventuallyFreed"),
     columns=("Variant", "Transfer", "TP", "PCP", "AMax", "QMax", "RMax", "MaxLost", "DStall",
-             "HsMax", "PStep", "NotifFirst"),
+             "HsMax", "PStep", "PHsMax", "NotifFirst"),
     title="producer engine against a lease clock (spec/KVClock.tla; ticks of lease / 6)",
     max_requests=2,
     modules=(REPO / "spec" / "KVCompletion.tla",),

@@ -123,6 +123,12 @@ def step_of(
             if gone:
                 return action, (min(gone), w)
         raise ValueError("store_complete changed no store")
+    if action == "push_match":  # push: rank w's writer parks r on its handshake with D
+        return action, next(
+            (r, w) for w, c in _fn(b["claim"]).items() for r in sorted(c - _fn(a["claim"])[w])
+        )
+    if action == "push_handshake_done":
+        return action, (next(w for w, s in _fn(a["phs"]).items() if s != _fn(b["phs"])[w]),)
     if action == "writer_poll":  # push: rank w's writer forwards what its agent holds
         return action, (next(w for w, s in _fn(a["hbq"]).items() if s and not _fn(b["hbq"])[w]),)
     if action == "heartbeat":

@@ -36,7 +36,7 @@ def test_the_free_before_the_read_happens_in_vllm(path: Path) -> None:
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("prefix", ["tp1-", "push-"])
+@pytest.mark.parametrize("prefix", ["tp1-", "push-tp1-wait30s-"])
 def test_negative_control_a_reaper_that_never_reaps_cannot_free(prefix: str) -> None:
     pytest.importorskip("nixl")
     from kvspec.mutations import Base, patched

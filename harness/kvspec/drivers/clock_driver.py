@@ -9,6 +9,9 @@ and in the driver's own view of them, by a clock the driver advances (lease_driv
 | `consumer_read_done(r, w)` | D's `get_transfer_results` reports the READ; bytes checked |
 | `consumer_get_finished(r, w)` | the READ's "r:1", arrived at rank w's agent, is delivered |
 | `push_write(r, w)` | D's PUSH_REG reaches rank w; its writer thread posts the real WRITE |
+| `push_match(r, w)` | PHsMax > 0: the PUSH_REG reaches rank w; its writer parks r's blocks |
+| | on its handshake with D, held at the seam (no WRITE) |
+| `push_handshake_done(w)` | the held handshake completes; the writer posts the parked WRITEs |
 | `push_write_done(r, w)` | the WRITE's handles are done, D's block checked: landed, reported |
 | `consumer_add_request(r)` | nothing real: D tracks r from now (its on_new_request) |
 | `consumer_update(r)` | nothing real: D stops tracking r (finished_recving seen) |
@@ -55,6 +58,7 @@ from kvspec.drivers.lease_driver import (
     controlled_clock,
     mark_consumers_active,
 )
+from kvspec.drivers.push_side import write_handles
 from kvspec.drivers.vllm_driver import VllmDriver
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
 from kvspec.drivers.vllm_view import req_id
@@ -81,6 +85,10 @@ class ClockDriver:
     # push: heartbeat messages at rank w's agent that its writer thread has not read (the
     # spec's hbq), held here so that the writer forwards them only where the spec does
     at_agent: dict[int, list[tuple[str, bytes]]] = field(default_factory=dict)
+    # push, PHsMax > 0: rank w's held handshake with D, and the requests its writer parked
+    # on it (the spec's phs and claim)
+    p_held: dict[int, HeldHandshake] = field(default_factory=dict)
+    parked: dict[int, list[int]] = field(default_factory=dict)
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def __post_init__(self) -> None:
@@ -95,7 +103,7 @@ class ClockDriver:
         mark_consumers_active(self.vd, self.clock.now)
 
     def close(self) -> None:
-        for h in self.held:  # never leave vLLM's executor thread waiting on the seam
+        for h in [*self.held, *self.p_held.values()]:  # never leave an executor waiting
             h.restore()
         self._stack.close()
 
@@ -168,6 +176,67 @@ class ClockDriver:
         look at it, push_worker.py `_do_start_push_kv`)."""
         self._may_transfer(f"push_write({r}, {w})", r)
         self.vd.push_write(r, w)
+
+    def push_match(self, r: int, w: int) -> None:
+        """KVClock `push_match(r, w)` (PHsMax > 0): D's PUSH_REG of r reaches rank w, whose
+        writer thread matches it with r's finished blocks and, its handshake with D not
+        done, parks them in the handshake future's callback (push_worker.py
+        `_do_start_push_kv` -> `_ensure_handshake`, 457-481): no WRITE. Rank w's first
+        match starts the handshake, held at the seam decode_seams.HeldHandshake uses (D's
+        engine taken out of rank w's `_remote_agents`; the exchange waits for
+        `push_handshake_done`)."""
+        self._may_transfer(f"push_match({r}, {w})", r)
+        vd = self.vd
+        if not vd._can_push_write(r, w):
+            raise MissingAction(f"push_match({r}, {w}): not possible now")
+        nw = vd.c.nixl_worker(w)
+        side = vd._push()
+        if w not in self.p_held:
+            if side.engine_id not in nw._remote_agents:
+                raise MissingAction(f"push_match({r}, {w}): rank {w} never handshook D")
+            self.p_held[w] = HeldHandshake(nw, side.engine_id, self.waits)
+        elif self.p_held[w].state() == "done":
+            raise MissingAction(f"push_match({r}, {w}): rank {w}'s handshake with D is done")
+        # The pooled cluster's real handshake may have stamped D's engine on another clock;
+        # on this one it was active now (else _ensure_handshake's stale-engine eviction
+        # drops it, base_worker.py:3540-3569).
+        nw._engine_last_active[side.engine_id] = self.clock.now
+        rid = req_id(r)
+        vd.deliver_registration(r, w)
+        parked = self.parked.setdefault(w, [])
+        want = len(parked) + 2  # vLLM's done_callback, then one _on_handshake per match
+
+        def matched() -> bool:
+            fut = nw._handshake_futures.get(side.engine_id)
+            # Future keeps its callbacks in _done_callbacks until it completes: the only
+            # place to see that _do_start_push_kv attached this match's _on_handshake.
+            return (
+                fut is not None
+                and not fut.done()
+                and len(fut._done_callbacks) >= want
+                and rid not in nw._pending_d_registrations
+                and rid not in nw._push_finished_blocks
+            )
+
+        self.waits.until(matched, f"rank {w}'s writer to park {rid} on its handshake with D")
+        parked.append(r)
+
+    def push_handshake_done(self, w: int) -> None:
+        """KVClock `push_handshake_done(w)`: rank w's held handshake with D completes; each
+        `_on_handshake` queues its request on `_deferred_push_inbox` and the writer posts
+        the real WRITEs (push_worker.py:247-252), lease reaped or not."""
+        held = self.p_held.get(w)
+        if held is None or held.state() != "pending":
+            raise MissingAction(f"push_handshake_done({w}): no handshake with D pending")
+        held.release()
+        nw = self.vd.c.nixl_worker(w)
+        for r in self.parked.pop(w, []):
+            self._await_write(nw, w, req_id(r))
+            self.vd.record_write(r, w)
+
+    def _await_write(self, nw: Any, w: int, rid: str) -> None:
+        what = f"rank {w}'s deferred WRITE of {rid}"
+        self.waits.until(lambda: bool(write_handles(nw, rid)), what)
 
     def push_write_done(self, r: int, w: int) -> None:
         """KVClock `push_write_done(r, w)`: every WRITE handle of r on rank w is done and

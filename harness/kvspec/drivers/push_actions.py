@@ -3,6 +3,8 @@ NixlPushConnector; the cluster's push half is push_side.py."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvspec.drivers.base import MissingAction
 from kvspec.drivers.push_side import PushSide, write_handles
 from kvspec.drivers.vllm_caches import logical_block
@@ -41,6 +43,20 @@ class PushActions(VllmView):
         (`_handle_push_reg_notif` -> `_do_start_push_kv` -> `_xfer_blocks`)."""
         if not self._can_push_write(r, w):
             raise MissingAction(f"push_write({r}, {w}): not possible now")
+        rid = req_id(r)
+        nw = self.deliver_registration(r, w)
+        self.waits.until(lambda: bool(write_handles(nw, rid)), f"rank {w}'s WRITE of {rid}")
+        self.record_write(r, w)
+
+    def record_write(self, r: int, w: int) -> None:
+        """The WRITE of r from rank w is posted: the spec's rd[r][w] = "inflight"."""
+        remote_block = int(self.params[r]["remote_block_ids"][0][0])
+        self.reads[(r, w)] = Read("inflight", r, remote_block)
+
+    def deliver_registration(self, r: int, w: int) -> Any:
+        """D's worker for rank w sends r's PUSH_REG (start_load_kv -> the writer thread's
+        `_send_registration_to_p`); it is delivered to rank w's agent and rank w's writer
+        thread is woken to handle it. Returns rank w's NIXL worker."""
         api = self.c.api
         rid = req_id(r)
         params = self.params[r]
@@ -72,9 +88,7 @@ class PushActions(VllmView):
         inbox.deliver(item)
         nw = self.c.nixl_worker(w)
         nw._push_writer_wake.set()
-        self.waits.until(lambda: bool(write_handles(nw, rid)), f"rank {w}'s WRITE of {rid}")
-        remote_block = int(params["remote_block_ids"][0][0])
-        self.reads[(r, w)] = Read("inflight", local_block, remote_block)
+        return nw
 
     def push_write_done(self, r: int, w: int) -> None:
         """Spec `push_write_done(r, w)`: every WRITE handle of r on rank w is DONE; the

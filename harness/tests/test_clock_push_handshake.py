@@ -1,0 +1,125 @@
+"""Push mode with P's handshake with D pending (KVClock PHsMax > 0): the writer parks a
+matched request's blocks on the handshake future and, when it completes, WRITEs them with
+no look at the lease (push_worker.py:247-252, 457-481). TLC's counterexample (hand-off 25 s,
+a 5 s handshake: the lease runs out meanwhile, P frees r, then WRITEs r's freed blocks into
+D) replays step for step on vLLM 0.32's NixlPushConnector (test_clock_real.py replays every
+kept counterexample); here, where the freed block was reused, D receives the other
+request's bytes as r's KV. Negative controls: a reaper that
+never reaps cannot free, so the replay diverges; the matrix's control row holds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kvspec.clock import CLOCK
+from kvspec.clock_traces import CLOCK_REGRESSIONS, regression_row, replay_regression
+from kvspec.sweep import load_sweep_matrix
+
+ROWS = {r.name: r for r in load_sweep_matrix(CLOCK)}
+KEPT = CLOCK_REGRESSIONS / "push-tp1-handoff25s-hb-ok-p-handshake-5s-NoWriteFromFreed.itf.json"
+CONTROL = "push-tp1-wait80s-hb-ok-p-step-5s-p-handshake-5s"
+SCRIBBLE = 7.0  # what the request that reused the freed block wrote into it
+
+
+def test_the_kept_counterexample_posts_a_write_after_the_free() -> None:
+    import json
+
+    from kvspec.clock_traces import step_of
+    from kvspec.itf import value_from_itf
+
+    raw = json.loads(KEPT.read_text())["states"]
+    actions = [str(s["#meta"]["action"]) for s in raw[1:]]
+    states = [{k: value_from_itf(v) for k, v in s.items() if k != "#meta"} for s in raw]
+    assert "push_match" in actions and "push_handshake_done" in actions
+    # the free (update_from_output) comes between the match and the WRITE
+    freed = next(i for i, s in enumerate(states) if s["req"][0] == "freed")
+    assert actions.index("push_match") + 1 < freed < actions.index("push_handshake_done") + 1
+    # the spec's record of the WRITE posted after the free
+    assert states[-1]["late"] == frozenset({(1, 0)})
+    # the replay maps the two new actions onto driver calls with their arguments
+    i = actions.index("push_match") + 1
+    assert step_of(states[i - 1], states[i], "push_match", frozenset({0})) == ("push_match", (1, 0))
+    j = actions.index("push_handshake_done") + 1
+    assert step_of(states[j - 1], states[j], "push_handshake_done", frozenset({0})) == (
+        "push_handshake_done", (0,),
+    )  # fmt: skip
+
+
+def test_the_rows_say_what_the_note_claims() -> None:
+    bad = ROWS["push-tp1-handoff25s-hb-ok-p-handshake-5s"].expect
+    assert bad["NoWriteFromFreed"] == "violated"
+    # the first model (no lazy handshake): the same row only stalls D, no WRITE comes
+    assert ROWS["push-tp1-handoff25s-hb-ok"].expect["NoWriteFromFreed"] == "holds"
+    assert ROWS["push-tp1-handoff25s-hb-ok"].expect["EveryRequestDone"] == "violated"
+    assert ROWS[CONTROL].expect["NoWriteFromFreed"] == "holds"
+    assert regression_row(KEPT, ROWS).name == "push-tp1-handoff25s-hb-ok-p-handshake-5s"
+
+
+def _replay(make_driver: Any = None) -> Any:
+    pytest.importorskip("nixl")
+    row = regression_row(KEPT, ROWS)
+    res = (
+        replay_regression(KEPT, row)
+        if make_driver is None
+        else replay_regression(KEPT, row, make_driver)
+    )
+    if res.timeout is not None:
+        pytest.skip(f"inconclusive: {res.timeout}")
+    return res
+
+
+@pytest.mark.vllm
+def test_negative_control_a_reaper_that_never_reaps_cannot_free() -> None:
+    from kvspec.mutations import Base, patched
+    from kvspec.mutations.catalogue import MUTANTS
+
+    with patched(Base("v0.30-shipped"), MUTANTS["lease-never-expires"].patch):
+        res = _replay()
+    import json
+
+    # it diverges at the reaper's step: P's first step after the match, where the spec reaps
+    actions = [str(s["#meta"]["action"]) for s in json.loads(KEPT.read_text())["states"]]
+    reaper = actions.index("execute_model", actions.index("push_match"))
+    assert res.divergence is not None
+    assert res.divergence.startswith(f"step {reaper}: expired"), res.divergence
+
+
+@pytest.mark.vllm
+def test_d_receives_the_bytes_of_whatever_reused_the_freed_block() -> None:
+    from kvspec.drivers.clock_driver import ClockDriver
+    from kvspec.drivers.vllm_caches import logical_block
+    from kvspec.drivers.vllm_inbox import DEFAULT_WAITS
+
+    seen: dict[str, Any] = {}
+
+    class Reused(ClockDriver):
+        """Before the handshake completes, another request reuses r's freed block."""
+
+        def push_handshake_done(self, w: int) -> None:
+            c = self.vd.c
+            for r in self.parked.get(w, []):
+                assert self.vd._status(r) == "freed"  # the scheduler freed it already
+                block = int(self.vd.params[r]["remote_block_ids"][0][0])
+                for name, cache in c.caches[w].items():
+                    blk = logical_block(cache, block)
+                    seen.setdefault("kv", {})[name] = blk.clone()
+                    blk.fill_(SCRIBBLE)
+            super().push_handshake_done(w)
+
+        def push_write_done(self, r: int, w: int) -> None:
+            super().push_write_done(r, w)  # (checks D's block equals P's block now)
+            c = self.vd.c
+            d = c.consumers_caches[c.consumer_of(w)]
+            seen["got"] = {name: logical_block(cache, r).clone() for name, cache in d.items()}
+
+    def make(row: Any, patch: str | None, scale: float) -> Any:
+        return Reused(row, impl_patch=patch, waits=DEFAULT_WAITS.scaled(scale))
+
+    res = _replay(make)
+    assert res.divergence is None, res.divergence
+    torch = pytest.importorskip("torch")
+    assert seen["got"].keys() == seen["kv"].keys()
+    for name, got in seen["got"].items():
+        assert torch.all(got == SCRIBBLE), name  # D holds the reuser's bytes as r's KV
+        assert not torch.equal(got, seen["kv"][name])  # not r's
