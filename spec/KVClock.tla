@@ -96,6 +96,8 @@ CONSTANTS
                \* the agent for P's next step whenever it comes; push's may wait one more
     PHsMax,    \* push: longest P rank's handshake with D, in ticks, started by the first
                \* registration its writer matches (0: done before any, the first model)
+    PushLeaseCheck, \* a proposed fix: the writer drops a parked request its rank's reaper
+               \* already reported, instead of WRITEing it (atomic with the reaper: one lock)
     ReadFails  \* a posted READ may fail on the transport while P lives: it never lands and
                \* P never gets its notification (NIXL sends a READ's notif_msg with the
                \* transfer, pull_worker.py:546-553); D's poll reports it failed
@@ -110,7 +112,7 @@ ASSUME /\ Transfer \in {"pull", "push"}
        /\ DStall \in Nat /\ Swallow \in BOOLEAN /\ HsMax \in Nat /\ NotifFirst \in BOOLEAN
        /\ Abandon \in BOOLEAN /\ ShipLate \in BOOLEAN /\ DFinish \in BOOLEAN
        /\ ReadFails \in BOOLEAN /\ PStep \in Nat \ {0}
-       /\ PHsMax \in Nat /\ (PHsMax > 0 => Transfer = "push")
+       /\ PHsMax \in Nat /\ (PHsMax > 0 => Transfer = "push") /\ PushLeaseCheck \in BOOLEAN
 
 VARIABLES
     req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif, replQ,
@@ -386,16 +388,19 @@ push_match(r, w) ==
 (* step on the way looks at _reqs_to_send or the deadline.  The report of  *)
 (* such a WRITE is filtered (PuW:827-831: r is no longer tracked); D       *)
 (* counts its notification and takes r as received.                        *)
+\* The parked requests rank w's writer WRITEs when its handshake with D completes: all of
+\* them as shipped; with PushLeaseCheck those whose lease rank w still holds (not reported)
+Posts(w) == IF PushLeaseCheck THEN claim[w] \cap lease[w] ELSE claim[w]
 push_handshake_done(w) ==
     /\ phs[w] = "pending"
     /\ phs' = [phs EXCEPT ![w] = "done"]
     /\ phsAge' = [phsAge EXCEPT ![w] = 0]
     /\ claim' = [claim EXCEPT ![w] = {}]
     /\ rd' = [r \in Reqs |-> [v \in Ranks |->
-                 IF v = w /\ r \in claim[w] THEN "inflight" ELSE rd[r][v]]]
-    /\ late' = late \cup {<<r, w>> : r \in {x \in claim[w] : req[x] = "freed"}}
-    /\ age' = [r \in Reqs |-> [v \in Ranks |-> IF v = w /\ r \in claim[w] THEN 0 ELSE age[r][v]]]
-    /\ qage' = [r \in Reqs |-> IF r \in claim[w] /\ \A v \in Sources \ {w} : Posted(r, v)
+                 IF v = w /\ r \in Posts(w) THEN "inflight" ELSE rd[r][v]]]
+    /\ late' = late \cup {<<r, w>> : r \in {x \in Posts(w) : req[x] = "freed"}}
+    /\ age' = [r \in Reqs |-> [v \in Ranks |-> IF v = w /\ r \in Posts(w) THEN 0 ELSE age[r][v]]]
+    /\ qage' = [r \in Reqs |-> IF r \in Posts(w) /\ \A v \in Sources \ {w} : Posted(r, v)
                                THEN 0 ELSE qage[r]]
     /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif,
                    replQ, extra, store, stored, pend, unsub, jobs, fence, hb, agg, emits,

@@ -31,7 +31,7 @@ _INTS = {
 _BOOLS = {
     "AsyncScheduling": "async_scheduling", "Swallow": "swallow", "NotifFirst": "notif_first",
     "Abandon": "abandon", "ShipLate": "ship_late", "DFinish": "d_finish",
-    "ReadFails": "read_fails",
+    "ReadFails": "read_fails", "PushLeaseCheck": "push_lease_check",
 }  # fmt: skip
 CLOCK = Sweep(
     command="clock",

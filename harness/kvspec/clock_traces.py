@@ -43,6 +43,13 @@ from kvspec.vocab import VARIABLES
 PATCH = {"v0.30-shipped": None, "fixed": "fix-53903"}
 
 
+def patch_for(row: SweepRow) -> str | None:
+    """The impl patch a row is driven with: its design's, or the proposed push fix."""
+    if row.consts.get("PushLeaseCheck"):
+        return "push-lease-check"
+    return PATCH[str(row.consts["Variant"])]
+
+
 def model_row(row: SweepRow) -> ModelRow:
     c = row.consts
     return ModelRow(
@@ -225,7 +232,7 @@ def replay_docs(
     waits WAIT_GROWTH times longer each), then counted inconclusive, never a divergence."""
     res = LeaseConformance(row.name, edges, len(docs))
     mrow = model_row(row)
-    patch = PATCH[str(row.consts["Variant"])]
+    patch = patch_for(row)
     for doc in docs:
         name = f"{row.name}/{doc['#meta']['trace']}"
         why = ""
@@ -295,5 +302,5 @@ def replay_regression(
     """Replay one kept KVClock counterexample on the real classes."""
     doc = json.loads(path.read_text())
     mrow = model_row(row)
-    with make_driver(mrow, PATCH[str(row.consts["Variant"])], 1.0) as driver:
+    with make_driver(mrow, patch_for(row), 1.0) as driver:
         return replay_clock(doc, driver)

@@ -79,7 +79,7 @@ def constants(cm: ClockMapped, variant: str, sub_tick: bool = True) -> dict[str,
     c |= {
         "Reqs": reqs, "Lease": "6", "HbEvery": "1", "Extend": "4",
         "AMax": open_, "QMax": open_, "RMax": open_, "NMax": open_, "DStall": open_,
-        "HsMax": open_, "PStep": "99", "PHsMax": "0", "MaxLost": "99",
+        "HsMax": open_, "PStep": "99", "PHsMax": "0", "PushLeaseCheck": "FALSE", "MaxLost": "99",
         "Swallow": "TRUE" if cm.swallow_first else "FALSE",
         "NotifFirst": "FALSE", "Abandon": _bool(any(e.a == "abandon" for e in cm.log)),
         "DFinish": _bool(any(e.a == "finish" for e in cm.log)),

@@ -123,3 +123,34 @@ def test_d_receives_the_bytes_of_whatever_reused_the_freed_block() -> None:
     for name, got in seen["got"].items():
         assert torch.all(got == SCRIBBLE), name  # D holds the reuser's bytes as r's KV
         assert not torch.equal(got, seen["kv"][name])  # not r's
+
+
+@pytest.mark.vllm
+def test_the_proposed_fix_drops_the_write_of_a_reported_request() -> None:
+    """Positive control of the fix (patch push-lease-check, KVClock PushLeaseCheck): the
+    same trace on the patched writer diverges at the handshake's end, where the shipped one
+    posts the WRITE and the patched one drops it (rd stays "none")."""
+    import json
+
+    from kvspec.clock_traces import _vllm_clock_driver
+
+    def make(row: Any, patch: str | None, scale: float) -> Any:
+        assert patch is None  # the kept counterexample's design: the shipped one
+        return _vllm_clock_driver(row, "push-lease-check", scale)
+
+    res = _replay(make)
+    actions = [str(s["#meta"]["action"]) for s in json.loads(KEPT.read_text())["states"]]
+    done = actions.index("push_handshake_done")
+    assert res.divergence is not None
+    assert res.divergence.startswith(f"step {done}: rd: spec"), res.divergence
+
+
+def test_the_fix_row_is_driven_with_the_fix() -> None:
+    from kvspec.clock_traces import patch_for
+
+    assert patch_for(ROWS["push-tp1-handoff25s-hb-ok-p-handshake-5s-lease-check"]) == (
+        "push-lease-check"
+    )
+    assert patch_for(ROWS["push-tp1-handoff25s-hb-ok-p-handshake-5s"]) is None
+    fixed = ROWS["push-tp1-handoff25s-hb-ok-p-handshake-5s-lease-check"].expect
+    assert fixed["NoWriteFromFreed"] == "holds" and fixed["EveryRequestDone"] == "violated"

@@ -228,11 +228,20 @@ class ClockDriver:
         held = self.p_held.get(w)
         if held is None or held.state() != "pending":
             raise MissingAction(f"push_handshake_done({w}): no handshake with D pending")
-        held.release()
         nw = self.vd.c.nixl_worker(w)
+        vars(nw).pop("kvspec_dropped", None)  # the fix's record, from an earlier trace
+        held.release()
         for r in self.parked.pop(w, []):
-            self._await_write(nw, w, req_id(r))
+            rid = req_id(r)
+            if self.impl_patch == "push-lease-check" and rid not in nw._reqs_to_send:
+                self._await_drop(nw, w, rid)  # the fix drops what the reaper reported
+                continue
+            self._await_write(nw, w, rid)
             self.vd.record_write(r, w)
+
+    def _await_drop(self, nw: Any, w: int, rid: str) -> None:
+        what = f"rank {w}'s writer to drop {rid} (push-lease-check)"
+        self.waits.until(lambda: rid in vars(nw).get("kvspec_dropped", ()), what)
 
     def _await_write(self, nw: Any, w: int, rid: str) -> None:
         what = f"rank {w}'s deferred WRITE of {rid}"

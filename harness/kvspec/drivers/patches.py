@@ -75,6 +75,26 @@ def _without_replica_filter(orig: Any) -> Any:
     return get_transfer_results
 
 
+PUSH_WORKER = f"{NIXL}.push_worker:NixlPushConnectorWorker"
+
+
+def _lease_checked_push(orig: Any) -> Any:
+    def _do_start_push_kv(self: Any, request_id: str, *args: Any, **kwargs: Any) -> Any:
+        # The proposed fix: a WRITE about to be posted (D's engine handshaken, so no more
+        # deferral) of a request this rank no longer tracks, i.e. its reaper reported it
+        # and the scheduler frees or freed its blocks, is dropped. Upstream the check and
+        # the posting must hold a lock the reaper holds too; the driver steps one thread at
+        # a time, so here they cannot interleave.
+        reg = args[1] if len(args) > 1 else kwargs["registration_data"]
+        tracked = request_id in self._reqs_to_send or request_id in self._reqs_to_process
+        if reg["decode_engine_id"] in self._remote_agents and not tracked:
+            self.__dict__.setdefault("kvspec_dropped", set()).add(request_id)
+            return None
+        return orig(self, request_id, *args, **kwargs)
+
+    return _do_start_push_kv
+
+
 PATCHES: dict[str, Patch] = {
     p.name: p
     for p in [
@@ -87,6 +107,16 @@ PATCHES: dict[str, Patch] = {
             f"{CONNECTOR}.get_transfer_results",
             "#53903",
             _without_replica_filter,
+        ),
+        Patch(
+            "push-lease-check",
+            "NixlPushConnectorWorker._do_start_push_kv drops a WRITE of a request its "
+            "rank's reaper already reported (a WRITE parked on the handshake with D, "
+            "push_worker.py:247-252, 457-481, would read freed blocks): proposed fix, "
+            "KVClock PushLeaseCheck",
+            f"{PUSH_WORKER}._do_start_push_kv",
+            "NoWriteFromFreed (kvspec finding, 2026-12-06)",
+            _lease_checked_push,
         ),
     ]
 }
