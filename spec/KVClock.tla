@@ -276,7 +276,8 @@ consumer_start_load_kv(r, w) ==
     /\ K!consumer_start_load_kv(r, w)
     /\ qage' = [qage EXCEPT ![r] = IF \A v \in Sources \ {w} : Posted(r, v) THEN 0 ELSE @]
     /\ age' = [age EXCEPT ![r][w] = 0]
-    /\ UNCHANGED <<pvars, ttl, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge, failed>>
+    /\ UNCHANGED <<pvars, ttl, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge,
+                   failed>>
 
 (* The READ lands in D's blocks (D's get_transfer_results reports it).      *)
 consumer_read_done(r, w) ==
@@ -284,8 +285,8 @@ consumer_read_done(r, w) ==
     /\ Posted(r, w) /\ ~Ended(r, w)
     /\ land' = land \cup {<<r, w>>}
     /\ age' = [age EXCEPT ![r][w] = 0]
-    /\ UNCHANGED <<pvars, kvvars, ttl, qage, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge,
-                   failed>>
+    /\ UNCHANGED <<pvars, kvvars, ttl, qage, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq,
+                   hbf, pAge, failed>>
 
 (* The READ fails on the transport while P lives (ReadFails; not fair): it *)
 (* never lands and its notification never reaches P.  Before a             *)
@@ -307,7 +308,8 @@ consumer_fail(r) ==
     /\ seen' = seen \cup {r}
     /\ gone' = gone \cup {r}
     /\ qage' = [qage EXCEPT ![r] = 0]
-    /\ UNCHANGED <<pvars, kvvars, ttl, age, land, sent, atD, hbAge, hs, hsAge, lost, hbq, hbf, pAge, failed>>
+    /\ UNCHANGED <<pvars, kvvars, ttl, age, land, sent, atD, hbAge, hs, hsAge, lost, hbq, hbf,
+                   pAge, failed>>
 
 (* D's scheduler finishes r before its receive is processed (DFinish; not  *)
 (* fair): request_finished stops r's heartbeats (pull_scheduler.py:215-217). *)
@@ -317,8 +319,8 @@ consumer_finish(r) ==
     /\ r \in atD \ (gone \cup seen)
     /\ gone' = gone \cup {r}
     /\ qage' = [qage EXCEPT ![r] = 0]
-    /\ UNCHANGED <<pvars, kvvars, ttl, age, land, sent, atD, seen, hbAge, hs, hsAge, lost, hbq, hbf, pAge,
-                   failed>>
+    /\ UNCHANGED <<pvars, kvvars, ttl, age, land, sent, atD, seen, hbAge, hs, hsAge, lost, hbq,
+                   hbf, pAge, failed>>
 
 (* The READ's "r:1" reaches rank w's agent (KVCompletion's                  *)
 (* consumer_get_finished); after the READ landed, or before it (NotifFirst).*)
@@ -328,7 +330,8 @@ consumer_get_finished(r, w) ==
     /\ K!consumer_get_finished(r, w)
     \* an overtaking notification leaves the READ's own bound running
     /\ age' = [age EXCEPT ![r][w] = IF <<r, w>> \in land THEN 0 ELSE @]
-    /\ UNCHANGED <<pvars, ttl, qage, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge, failed>>
+    /\ UNCHANGED <<pvars, ttl, qage, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf,
+                   pAge, failed>>
 
 (* Push: P's writer thread posts the WRITE of r from rank w.  D's          *)
 (* PUSH_REG is there: D tracks r, and its handshake with P is done (the    *)
@@ -349,7 +352,8 @@ push_write(r, w) ==
     /\ K!push_write(r, w)
     /\ qage' = [qage EXCEPT ![r] = IF \A v \in Sources \ {w} : Posted(r, v) THEN 0 ELSE @]
     /\ age' = [age EXCEPT ![r][w] = 0]
-    /\ UNCHANGED <<pvars, ttl, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge, failed>>
+    /\ UNCHANGED <<pvars, ttl, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge,
+                   failed>>
 
 (* Push: every WRITE handle of r on rank w is done: the data is in D's      *)
 (* blocks, D's notification counts it, and rank w reports r at its next     *)
@@ -359,7 +363,8 @@ push_write_done(r, w) ==
     /\ K!push_write_done(r, w)
     /\ land' = land \cup {<<r, w>>}
     /\ age' = [age EXCEPT ![r][w] = 0]
-    /\ UNCHANGED <<pvars, ttl, qage, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge, failed>>
+    /\ UNCHANGED <<pvars, ttl, qage, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge,
+                   failed>>
 
 (* Push, P's handshake with D not done (PHsMax > 0): rank w's writer       *)
 (* matches D's registration with r's blocks as push_write would, and       *)
@@ -414,8 +419,8 @@ abandon(r) ==
     /\ \A w \in Sources : ~Posted(r, w)
     /\ gone' = gone \cup {r}
     /\ qage' = [qage EXCEPT ![r] = 0]
-    /\ UNCHANGED <<pvars, kvvars, ttl, age, land, sent, atD, seen, hbAge, hs, hsAge, lost, hbq, hbf, pAge,
-                   failed>>
+    /\ UNCHANGED <<pvars, kvvars, ttl, age, land, sent, atD, seen, hbAge, hs, hsAge, lost, hbq,
+                   hbf, pAge, failed>>
 
 (* D's scheduler packages heartbeats (once per interval) and every D rank's *)
 (* _send_heartbeats sends "HB:<tracked ids>" to its producer agents; the    *)
@@ -457,8 +462,8 @@ handshake_done ==
     /\ hs = "pending"
     /\ hs' = "done"
     /\ hsAge' = 0
-    /\ UNCHANGED <<pvars, kvvars, ttl, qage, age, land, sent, atD, seen, gone, hbAge, lost, hbq, hbf, pAge,
-                   failed>>
+    /\ UNCHANGED <<pvars, kvvars, ttl, qage, age, land, sent, atD, seen, gone, hbAge, lost, hbq,
+                   hbf, pAge, failed>>
 
 (* One tick.  Bounded delays are urgent: the clock does not pass D's queue  *)
 (* wait, a READ or a notification at its bound, a due heartbeat (D's engine *)
@@ -494,8 +499,8 @@ writer_poll(w) ==
     /\ WriterPolls(w) /\ hbq[w] # {}
     /\ hbf' = [hbf EXCEPT ![w] = @ \cup hbq[w]]
     /\ hbq' = [hbq EXCEPT ![w] = {}]
-    /\ UNCHANGED <<pvars, kvvars, ttl, qage, age, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost,
-                   pAge, failed>>
+    /\ UNCHANGED <<pvars, kvvars, ttl, qage, age, land, sent, atD, seen, gone, hbAge, hs, hsAge,
+                   lost, pAge, failed>>
 
 tick ==
     /\ \A r \in Queued : qage[r] < QMax /\ (r \notin atD => qage[r] < AMax)
@@ -527,8 +532,8 @@ tick ==
     /\ hsAge' = IF hs = "pending" THEN hsAge + 1 ELSE 0
     /\ phsAge' = [w \in Ranks |-> IF phs[w] = "pending" THEN phsAge[w] + 1 ELSE 0]
     /\ pAge' = IF PStep < 99 /\ Holding THEN pAge + 1 ELSE 0
-    /\ UNCHANGED <<claim, late, phs, req, needSend, notProc, finReqs, steps, toProcess, lease, notif, replQ,
-                   extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits,
+    /\ UNCHANGED <<claim, late, phs, req, needSend, notProc, finReqs, steps, toProcess, lease,
+                   notif, replQ, extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits,
                    lateFinish, clobbered, published, land, sent, atD, seen, gone, hs, lost,
                    hbq, hbf, failed>>
 
