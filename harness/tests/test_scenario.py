@@ -101,6 +101,7 @@ def test_frees_of_reads_baseline_and_end() -> None:
     assert (base, last, freed) == (10, 10, {"a"})
 
 
+@pytest.mark.slow  # admitted sides (make test-full); the judge on stand-ins stays below
 def test_a_recorded_round_trip_is_judged_on_both_sides(tmp_path: Path) -> None:
     # The end-state checks of kvspec scenario on the committed pd-basic recording: blocks
     # back to baseline, the producer side admitted by all four designs, the decode engine

@@ -120,6 +120,7 @@ def test_runs_that_read_freed_blocks_are_explained_up_to_that_read(
     assert (verdict, explained) == ("rejected", at)
 
 
+@pytest.mark.slow  # an admitted side (make test-full); its negative control stays
 def test_heartbeats_p_handled_keep_a_lease_alive_past_its_end(tmp_path: Path) -> None:
     """D waits 10 ticks (the lease is 6) heartbeating every tick; P handles each: the lease
     never runs out, P frees on the READ's notification: admitted, reads safe."""
