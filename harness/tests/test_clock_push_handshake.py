@@ -154,3 +154,50 @@ def test_the_fix_row_is_driven_with_the_fix() -> None:
     assert patch_for(ROWS["push-tp1-handoff25s-hb-ok-p-handshake-5s"]) is None
     fixed = ROWS["push-tp1-handoff25s-hb-ok-p-handshake-5s-lease-check"].expect
     assert fixed["NoWriteFromFreed"] == "holds" and fixed["EveryRequestDone"] == "violated"
+
+
+def _parked_writes_queued(release: bool) -> list[Any]:
+    """Replay the kept counterexample up to its push_match, then release the handshake
+    (push_handshake_done) or close the driver; what vLLM's _on_handshake queued for the
+    writer (`_deferred_push_inbox.put`), counted once every callback of the handshake's
+    future ran (ours is attached last)."""
+    import json
+    import threading
+
+    from kvspec.clock_traces import _vllm_clock_driver, model_row, replay_clock
+
+    doc = json.loads(KEPT.read_text())
+    actions = [str(s["#meta"]["action"]) for s in doc["states"]]
+    prefix = {**doc, "states": doc["states"][: actions.index("push_match") + 1]}
+    queued: list[Any] = []
+    settled = threading.Event()
+    with _vllm_clock_driver(model_row(regression_row(KEPT, ROWS)), None, 1.0) as driver:
+        res = replay_clock(prefix, driver)
+        if res.timeout is not None:
+            pytest.skip(f"inconclusive: {res.timeout}")
+        assert res.divergence is None, res.divergence
+        nw = driver.vd.c.nixl_worker(0)
+        fut = nw._handshake_futures[driver.vd._push().engine_id]
+        fut.add_done_callback(lambda _f: settled.set())
+        inbox = nw._deferred_push_inbox
+        inbox.put = lambda item, *a, _put=inbox.put, **k: (queued.append(item), _put(item))
+        try:
+            if release:
+                driver.push_handshake_done(0)
+            else:
+                driver.close()  # (the with's exit closes it again: a no-op)
+        finally:
+            del inbox.put
+    if not settled.is_set():
+        pytest.skip("inconclusive: the handshake's callbacks never ran")
+    return queued
+
+
+@pytest.mark.vllm
+def test_a_trace_ending_with_the_handshake_pending_leaves_no_write_behind() -> None:
+    """The pooled cluster serves the next trace: a driver closed while P's handshake with D
+    is pending fails it, so vLLM's _on_handshake queues none of the parked WRITEs. Control:
+    the same prefix, released instead, queues the WRITE."""
+    pytest.importorskip("nixl")
+    assert len(_parked_writes_queued(release=True)) == 1
+    assert _parked_writes_queued(release=False) == []

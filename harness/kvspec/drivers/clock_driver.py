@@ -103,6 +103,12 @@ class ClockDriver:
         mark_consumers_active(self.vd, self.clock.now)
 
     def close(self) -> None:
+        # A trace that ends with P's handshake with D pending: fail it, so that vLLM's
+        # _on_handshake posts none of the parked WRITEs into the pooled cluster's next trace.
+        for p in self.p_held.values():
+            if p.state() == "pending":
+                with contextlib.suppress(Exception):  # closing: best effort, then restore
+                    p.fail()
         for h in [*self.held, *self.p_held.values()]:  # never leave an executor waiting
             h.restore()
         self._stack.close()
