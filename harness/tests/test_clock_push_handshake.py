@@ -201,3 +201,31 @@ def test_a_trace_ending_with_the_handshake_pending_leaves_no_write_behind() -> N
     pytest.importorskip("nixl")
     assert len(_parked_writes_queued(release=True)) == 1
     assert _parked_writes_queued(release=False) == []
+
+
+def test_a_real_push_run_matched_with_3_s_of_lease_left_and_wrote_at_the_handshakes_end() -> None:
+    """The window, seen on real engines (conformance/recorded/pd-push-tp2, P at TP 2,
+    a 120 s lease that no heartbeat extended): each P rank handshook D lazily, its two
+    parked WRITEs were posted within 20 ms of the handshake's end, and rank 0's handshake
+    started 2.9 s before the lease's deadline; no P step reported the requests before the
+    WRITEs. A handshake 3 s longer would have outlived the lease: P's next step reaps and
+    frees, and the WRITEs follow (this file's counterexample)."""
+    from kvspec.record.log import read_dir
+
+    events = read_dir(CLOCK_REGRESSIONS.parent / "recorded" / "pd-push-tp2")
+    p = [e for e in events if e.engine == "P"]
+    assert not any("heartbeat" in e.call for e in p)  # nothing extended the lease
+    lease_s = next(e.result["lease"] for e in p if e.call == "start")
+    finished = [e.t_ns for e in p if e.call == "request_finished"]
+    deadline = max(finished) + lease_s * 10**9
+    for rank in (0, 1):
+        (hs,) = [e for e in p if e.call == "handshake" and e.rank == rank]
+        writes = [e.t_ns for e in p if e.call == "write" and e.rank == rank]
+        assert hs.result["ok"] and len(writes) == 2
+        assert all(0 <= t - hs.t_ns < 20_000_000 for t in writes)  # parked, then posted
+        reported = [e.t_ns for e in p if e.call == "get_transfer_results" and e.rank == rank
+                    and e.result.get("finished_sending")]  # fmt: skip
+        assert min(reported) > max(writes)
+    (hs0,) = [e for e in p if e.call == "handshake" and e.rank == 0]
+    margin_s = (deadline - hs0.result["started_ns"]) / 1e9
+    assert 2.5 < margin_s < 3.5, margin_s
