@@ -4,8 +4,8 @@ no look at the lease (push_worker.py:247-252, 457-481). TLC's counterexample (ha
 a 5 s handshake: the lease runs out meanwhile, P frees r, then WRITEs r's freed blocks into
 D) replays step for step on vLLM 0.32's NixlPushConnector (test_clock_real.py replays every
 kept counterexample); here, where the freed block was reused, D receives the other
-request's bytes as r's KV. Negative controls: a reaper that
-never reaps cannot free, so the replay diverges; the matrix's control row holds."""
+request's bytes as r's KV. Negative controls: a reaper that never reaps cannot free, so the
+replay diverges; the matrix's control row holds; the proposed fix drops the WRITE."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_the_kept_counterexample_posts_a_write_after_the_free() -> None:
     )  # fmt: skip
 
 
-def test_the_rows_say_what_the_note_claims() -> None:
+def test_the_matrix_expects_the_late_write_only_with_the_lazy_handshake() -> None:
     bad = ROWS["push-tp1-handoff25s-hb-ok-p-handshake-5s"].expect
     assert bad["NoWriteFromFreed"] == "violated"
     # the first model (no lazy handshake): the same row only stalls D, no WRITE comes
