@@ -105,6 +105,7 @@ def test_negative_control_the_same_free_after_a_read_that_landed_is_admitted(
     assert_admitted_reads_safe(cm, tmp_path)
 
 
+@pytest.mark.slow  # an admitted side (make test-full); the doctored free's rejection stays
 def test_the_clock_admits_it_reads_safe(tmp_path: Path) -> None:
     cm = map_clock(_events())
     v = check_clock(cm, "v0.30-shipped", tmp_path)

@@ -135,7 +135,8 @@ def test_every_committed_recording_is_compacted_already() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["pd-basic", "pd-tp2", "pd-abort", "lease-expiry", "queued-heartbeats-shm-recheck",
+    ["pd-basic", pytest.param("pd-tp2", marks=pytest.mark.slow),  # make test-full
+     "pd-abort", "lease-expiry", "queued-heartbeats-shm-recheck",
      "pd-kv-pressure", "pd-multi", "pd-mla", "pd-tp2-mla", "pd-d-tp2",
      "pd-d-tp2-decode-abort"],
 )

@@ -21,7 +21,7 @@ RECORDED = REPO / "conformance" / "recorded"
 RUNS = ("pd-basic", "pd-sync", "pd-abort", "pd-tp2", "pd-multi", "pd-decode-abort", "pd-mla",
         "pd-tp2-mla", "pd-d-tp2", "pd-d-tp2-decode-abort", "d-tp2-stall-lease-expiry")
 # admitted sides in make test-full (2026-12-06, make test's budget): the three slowest
-SLOW_RUNS = ("pd-tp2", "pd-d-tp2", "pd-d-tp2-decode-abort")
+SLOW_RUNS = ("pd-tp2", "pd-d-tp2", "pd-d-tp2-decode-abort", "d-tp2-stall-lease-expiry")
 
 
 def _events(name: str) -> list[Event]:
