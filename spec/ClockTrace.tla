@@ -29,7 +29,12 @@
 (*             finished r and another D rank failed)                       *)
 (*  "write"    push: producer rank w's writer thread posted r's WRITE      *)
 (*             (KVClock's push_write: D's registration was there, P still    *)
-(*             held r's blocks); the WRITE ending is silent                 *)
+(*             held r's blocks; or push_deferred: the writer re-drove r,    *)
+(*             parked on rank w's handshake with D, lease reaped or not);   *)
+(*             the WRITE ending is silent                                   *)
+(*  "phs"      push: producer rank w's handshake with D succeeded (KVClock's *)
+(*             push_handshake_done); the writer's match of D's registration *)
+(*             that parked r on it (push_match) is silent                   *)
 (*  "hs"       D's handshake with the producer succeeded (the first to)    *)
 (*  "hb"       a heartbeat naming the requests in `names` (D's tracked     *)
 (*             ones): swallowed by the pending handshake, or sent and lost  *)
@@ -46,6 +51,7 @@ CONSTANTS
     MaxNow,   \* the last recorded tick + Slack: the clock stops there
     HbSeen,   \* the recording has heartbeat events (else heartbeats are silent)
     HsSeen,   \* the recording has D's handshakes (else the handshake ends silently)
+    PHsSeen,  \* push: the recording has P's handshakes with D (else they end silently)
     SubTick   \* deadlines fall inside ticks (kvspec: TRUE; FALSE only as a control)
 
 \* Named logIdx, not i: TLC resolves the bound i of KVCompletion's StepToRun to a
@@ -100,7 +106,12 @@ Match(e) ==
             /\ rd[e.r][e.w] = "inflight"
             /\ UNCHANGED <<vars, arrived, now>>
       [] e.a = "write" ->
-            /\ push_write(e.r, e.w)
+            \* (push_deferred posts, unless the proposed fix drops r: that is silent)
+            /\ \/ push_write(e.r, e.w)
+               \/ push_deferred(e.r, e.w) /\ Posts(e.r, e.w)
+            /\ UNCHANGED arrived
+      [] e.a = "phs" ->
+            /\ push_handshake_done(e.w)
             /\ UNCHANGED arrived
       [] e.a = "recv" ->
             /\ consumer_update(e.r)
@@ -154,6 +165,10 @@ Silent ==
           \/ consumer_read_done(r, w) \/ consumer_get_finished(r, w) \/ store_complete(r, w)
           \/ consumer_read_fails(r, w) \/ push_write_done(r, w)
     \/ \E w \in Ranks : writer_poll(w)
+    \/ \E r \in Reqs, w \in Ranks :
+          \/ push_match(r, w)
+          \/ push_deferred(r, w) /\ ~Posts(r, w)  \* the fix dropped it: no WRITE posted
+    \/ ~PHsSeen /\ \E w \in Ranks : push_handshake_done(w)
     \/ ~HsSeen /\ handshake_done
     \/ ~HbSeen /\ heartbeat
     \/ SubTick /\ \E w \in Ranks, r \in Reqs : deadline_passes(w, r)
@@ -181,4 +196,8 @@ TraceUnfinished == logIdx < Len(Log)
 \* Violated iff some explanation of the whole log frees a request before D's READs of it
 \* landed (#21570): checked once the run is admitted.
 RunKeepsReadsSafe == logIdx = Len(Log) => NoFreeUnderRead
+
+\* Push: violated iff some explanation of the whole log posts a WRITE from blocks P had
+\* freed (a WRITE parked on P's handshake with D, re-driven after the free).
+RunWritesNoFreed == logIdx = Len(Log) => NoWriteFromFreed
 =============================================================================

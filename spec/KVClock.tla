@@ -60,7 +60,8 @@
 (* when it completes the callback queues them (_deferred_push_inbox) and   *)
 (* the writer posts the WRITE (PuW:247-252), with no look at r's lease:    *)
 (* the reaper may have reported r and P freed its blocks meanwhile         *)
-(* (push_handshake_done; NoWriteFromFreed).  QMax then bounds P returning  *)
+(* (push_handshake_done, then push_deferred per request: P's step may run  *)
+(* between the two; NoWriteFromFreed).  QMax then bounds P returning       *)
 (* r -> its registration matched, PHsMax the handshake.                    *)
 (***************************************************************************)
 EXTENDS Naturals, FiniteSets, Sequences
@@ -145,12 +146,14 @@ VARIABLES
     phsAge, \* ticks P rank w's handshake with D has been pending
     claim,  \* push: requests whose blocks rank w's writer matched with D's registration
             \* and holds in the pending handshake's callback (no WRITE posted yet)
+    defer,  \* push: requests the completed handshake's callbacks put on rank w's
+            \* _deferred_push_inbox, which its writer has not drained yet
     late    \* <<r, w>>: rank w posted a WRITE of r after P freed r's blocks
 
 kvvars == <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif, replQ,
             extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits, lateFinish,
             clobbered, published>>
-pvars == <<phs, phsAge, claim, late>>
+pvars == <<phs, phsAge, claim, defer, late>>
 cvars == <<ttl, qage, age, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge,
           failed, pvars>>
 vars == <<kvvars, cvars>>
@@ -171,7 +174,7 @@ AllLanded(r) == \A w \in Sources : <<r, w>> \in land
 \* posted (and P still serves it).
 \* (push: a registration the writer matched waits for P's handshake with D, PHsMax)
 Queued == {r \in sent \ gone : req[r] = "sending" /\ \E w \in Sources : rd[r][w] = "none"
-                                                  /\ r \notin claim[w]}
+                                                  /\ r \notin claim[w] \cup defer[w]}
 Posted(r, w) == rd[r][w] # "none"
 \* The READ of r from w ended: it landed, or it failed.
 Ended(r, w) == <<r, w>> \in land \/ <<r, w>> \in failed
@@ -199,6 +202,7 @@ Init ==
     /\ phs = [w \in Ranks |-> IF PHsMax > 0 THEN "none" ELSE "done"]
     /\ phsAge = [w \in Ranks |-> 0]
     /\ claim = [w \in Ranks |-> {}]
+    /\ defer = [w \in Ranks |-> {}]
     /\ late = {}
 
 -----------------------------------------------------------------------------
@@ -349,6 +353,8 @@ push_write(r, w) ==
     /\ r \notin gone \/ DFinish
     /\ hs # "pending"
     /\ phs[w] = "done"
+    \* (a request the writer matched was popped with its registration: D sends one)
+    /\ r \notin defer[w]
     /\ K!push_write(r, w)
     /\ qage' = [qage EXCEPT ![r] = IF \A v \in Sources \ {w} : Posted(r, v) THEN 0 ELSE @]
     /\ age' = [age EXCEPT ![r][w] = 0]
@@ -379,38 +385,50 @@ push_match(r, w) ==
     \* D sends its registration once its own handshake with P is done (PuW:328-341)
     /\ hs = "done"
     /\ phs[w] # "done"
-    /\ r \notin claim[w]
+    /\ r \notin claim[w] \cup defer[w]
     /\ K!PushWritable(r, w)
     /\ claim' = [claim EXCEPT ![w] = @ \cup {r}]
     /\ phs' = [phs EXCEPT ![w] = "pending"]
     /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost,
-                   hbq, hbf, pAge, failed, phsAge, late>>
+                   hbq, hbf, pAge, failed, phsAge, defer, late>>
 
 (* P rank w's handshake with D completes (within PHsMax ticks): each       *)
-(* _on_handshake puts its request on _deferred_push_inbox and the writer   *)
-(* posts the WRITEs (PuW:247-252 -> _do_start_push_kv -> _xfer_blocks),    *)
-(* whether or not r's lease was reaped and its blocks freed meanwhile: no  *)
-(* step on the way looks at _reqs_to_send or the deadline.  The report of  *)
-(* such a WRITE is filtered (PuW:827-831: r is no longer tracked); D       *)
-(* counts its notification and takes r as received.                        *)
-\* The parked requests rank w's writer WRITEs when its handshake with D completes: all of
-\* them as shipped; with PushLeaseCheck those whose lease rank w still holds (not reported)
-Posts(w) == IF PushLeaseCheck THEN claim[w] \cap lease[w] ELSE claim[w]
+(* _on_handshake puts its request on _deferred_push_inbox and wakes the    *)
+(* writer (PuW:465-478).  Nothing is posted yet: P's step (its reaper, the *)
+(* free) may come before the writer drains the inbox (push_deferred).      *)
 push_handshake_done(w) ==
     /\ phs[w] = "pending"
     /\ phs' = [phs EXCEPT ![w] = "done"]
     /\ phsAge' = [phsAge EXCEPT ![w] = 0]
     /\ claim' = [claim EXCEPT ![w] = {}]
-    /\ rd' = [r \in Reqs |-> [v \in Ranks |->
-                 IF v = w /\ r \in Posts(w) THEN "inflight" ELSE rd[r][v]]]
-    /\ late' = late \cup {<<r, w>> : r \in {x \in Posts(w) : req[x] = "freed"}}
-    /\ age' = [r \in Reqs |-> [v \in Ranks |-> IF v = w /\ r \in Posts(w) THEN 0 ELSE age[r][v]]]
-    /\ qage' = [r \in Reqs |-> IF r \in Posts(w) /\ \A v \in Sources \ {w} : Posted(r, v)
-                               THEN 0 ELSE qage[r]]
+    /\ defer' = [defer EXCEPT ![w] = @ \cup claim[w]]
+    /\ UNCHANGED <<kvvars, ttl, qage, age, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost,
+                   hbq, hbf, pAge, failed, late>>
+
+(* Rank w's writer drains r from _deferred_push_inbox and re-drives it     *)
+(* (PuW:247-252 -> _do_start_push_kv -> _xfer_blocks_for_req): it posts    *)
+(* r's WRITE whether or not r's lease was reaped and its blocks freed      *)
+(* meanwhile: no step on the way looks at _reqs_to_send or the deadline.   *)
+(* The report of such a WRITE is filtered (PuW:827-831: r is no longer     *)
+(* tracked); D counts its notification and takes r as received.  With      *)
+(* PushLeaseCheck the writer drops r instead once its rank's reaper        *)
+(* reported it (the check and the post atomic with the reaper: one lock).  *)
+\* Whether rank w's writer WRITEs r now: as shipped, always; with PushLeaseCheck, while
+\* rank w still holds r's lease (its reaper did not report it)
+Posts(r, w) == ~PushLeaseCheck \/ r \in lease[w]
+push_deferred(r, w) ==
+    /\ r \in defer[w]
+    /\ defer' = [defer EXCEPT ![w] = @ \ {r}]
+    /\ IF Posts(r, w)
+       THEN /\ rd' = [rd EXCEPT ![r][w] = "inflight"]
+            /\ late' = IF req[r] = "freed" THEN late \cup {<<r, w>>} ELSE late
+            /\ age' = [age EXCEPT ![r][w] = 0]
+            /\ qage' = [qage EXCEPT ![r] = IF \A v \in Sources \ {w} : Posted(r, v) THEN 0 ELSE @]
+       ELSE UNCHANGED <<rd, late, age, qage>>
     /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif,
                    replQ, extra, store, stored, pend, unsub, jobs, fence, hb, agg, emits,
                    lateFinish, clobbered, published, ttl, land, sent, atD, seen, gone, hbAge,
-                   hs, hsAge, lost, hbq, hbf, pAge, failed>>
+                   hs, hsAge, lost, hbq, hbf, pAge, failed, phs, phsAge, claim>>
 
 (* D gives up on a queued request for good.  Not fair.                      *)
 abandon(r) ==
@@ -494,7 +512,8 @@ Holding == \E w \in Ranks : lease[w] # {}
 (* next step wakes it (execute_model).                                     *)
 WriterPolls(w) ==
     /\ Transfer = "push"
-    /\ \E r \in Reqs : r \in lease[w] \ claim[w] /\ rd[r][w] = "none" /\ req[r] = "sending"
+    /\ \E r \in Reqs : r \in lease[w] \ (claim[w] \cup defer[w]) /\ rd[r][w] = "none"
+                     /\ req[r] = "sending"
 writer_poll(w) ==
     /\ WriterPolls(w) /\ hbq[w] # {}
     /\ hbf' = [hbf EXCEPT ![w] = @ \cup hbq[w]]
@@ -513,6 +532,8 @@ tick ==
     /\ Tracked # {} => hbAge < HbEvery + DStall
     /\ hs = "pending" => hsAge < HsMax
     /\ \A w \in Ranks : phs[w] = "pending" => phsAge[w] < PHsMax
+    \* the writer, woken by the handshake's callbacks, drains its inbox within the tick
+    /\ \A w \in Ranks : defer[w] = {}
     /\ ShipLate \/ ~Unshipped
     /\ \E r \in Reqs : req[r] # "freed" \/ r \in Tracked
     \* (every deadline is shipped at a tick: one P no longer holds is dropped)
@@ -532,14 +553,14 @@ tick ==
     /\ hsAge' = IF hs = "pending" THEN hsAge + 1 ELSE 0
     /\ phsAge' = [w \in Ranks |-> IF phs[w] = "pending" THEN phsAge[w] + 1 ELSE 0]
     /\ pAge' = IF PStep < 99 /\ Holding THEN pAge + 1 ELSE 0
-    /\ UNCHANGED <<claim, late, phs, req, needSend, notProc, finReqs, steps, toProcess, lease,
+    /\ UNCHANGED <<claim, defer, late, phs, req, needSend, notProc, finReqs, steps, toProcess, lease,
                    notif, replQ, extra, store, stored, pend, unsub, jobs, fence, rd, hb, agg, emits,
                    lateFinish, clobbered, published, land, sent, atD, seen, gone, hs, lost,
                    hbq, hbf, failed>>
 
 Done == /\ \A r \in Reqs : req[r] = "freed" /\ r \notin Tracked /\ (r \in sent => r \in atD)
         /\ \A r \in Reqs, w \in Ranks : ~Pending(r, w)
-        /\ \A w \in Ranks : claim[w] = {}
+        /\ \A w \in Ranks : claim[w] = {} /\ defer[w] = {}
         /\ ~K!CanSchedule
 
 Next ==
@@ -550,6 +571,7 @@ Next ==
           \/ consumer_start_load_kv(r, w) \/ consumer_read_done(r, w)
           \/ consumer_get_finished(r, w) \/ store_complete(r, w) \/ consumer_read_fails(r, w)
           \/ push_write(r, w) \/ push_write_done(r, w) \/ push_match(r, w)
+          \/ push_deferred(r, w)
     \/ heartbeat \/ handshake_done
     \/ \E w \in Ranks : push_handshake_done(w)
     \/ \E w \in Ranks : writer_poll(w)
@@ -575,6 +597,7 @@ Spec == Init /\ [][Next]_vars
         /\ WF_vars(\E r \in Reqs, w \in Ranks : push_write_done(r, w))
         /\ WF_vars(\E r \in Reqs, w \in Ranks : push_match(r, w))
         /\ WF_vars(\E w \in Ranks : push_handshake_done(w))
+        /\ WF_vars(\E r \in Reqs, w \in Ranks : push_deferred(r, w))
         /\ WF_vars(heartbeat) /\ WF_vars(handshake_done) /\ WF_vars(tick)
         /\ WF_vars(\E w \in Ranks : writer_poll(w))
 
@@ -589,7 +612,8 @@ TypeOK ==
     /\ hs \in {"none", "pending", "done"} /\ hsAge \in 0 .. HsMax
     /\ failed \subseteq Reqs \X Ranks /\ failed \cap land = {}
     /\ phs \in [Ranks -> {"none", "pending", "done"}] /\ phsAge \in [Ranks -> 0 .. PHsMax]
-    /\ claim \in [Ranks -> SUBSET Reqs] /\ late \subseteq Reqs \X Ranks
+    /\ claim \in [Ranks -> SUBSET Reqs] /\ defer \in [Ranks -> SUBSET Reqs]
+    /\ late \subseteq Reqs \X Ranks
 
 -----------------------------------------------------------------------------
 (* #21570, #24268: P frees r while D's READ of it is yet to land (queued,   *)

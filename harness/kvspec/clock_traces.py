@@ -136,6 +136,10 @@ def step_of(
         )
     if action == "push_handshake_done":
         return action, (next(w for w, s in _fn(a["phs"]).items() if s != _fn(b["phs"])[w]),)
+    if action == "push_deferred":  # push: rank w's writer re-drives r from its inbox
+        return action, next(
+            (r, w) for w, d in _fn(a["defer"]).items() for r in sorted(d - _fn(b["defer"])[w])
+        )
     if action == "writer_poll":  # push: rank w's writer forwards what its agent holds
         return action, (next(w for w, s in _fn(a["hbq"]).items() if s and not _fn(b["hbq"])[w]),)
     if action == "heartbeat":

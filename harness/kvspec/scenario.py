@@ -261,11 +261,14 @@ def _validate_producer(sc: Scenario, events: list[Event], work: Path, res: Scena
         except MappingError as exc:
             res.detail += f" clock{at}: not validated: {exc}"
             continue
-        said = "; ".join(f"{d.design.variant}: {d.design.verdict} {d.safe}" for d in cv.designs)
-        if any("inconclusive" in (d.design.verdict, d.safe) for d in cv.designs):
+        said = "; ".join(f"{d.design.variant}: {d.design.verdict} {d.safe} {d.writes}".strip()
+                         for d in cv.designs)  # fmt: skip
+        if any("inconclusive" in (d.design.verdict, d.safe, d.writes) for d in cv.designs):
             undecided = True  # TLC timed out or failed: no verdict either way
+        # (push: and no WRITE from freed blocks, NoWriteFromFreed; pull has no "writes")
         res.checks.append(Check(f"admitted by the clock, reads safe{at}",
-                                [d.safe for d in cv.designs] == ["safe"],
+                                [(d.safe, d.writes or "safe") for d in cv.designs]
+                                == [("safe", "safe")],
                                 f"{cv.mapped.heartbeats} heartbeats, {len(cv.mapped.log)} "
                                 f"clock events; {said}"))  # fmt: skip
     if not (sc.consumer and sc.admits and not sc.queued):

@@ -274,11 +274,12 @@ def _clock_side(events: list[Event], args: argparse.Namespace, producer: str | N
     from kvspec.validate_clock import print_clock, validate_clock
 
     cv = validate_clock(events, work, tuple(args.variant or VARIANTS), args.lease, producer,
-                        consumer)  # fmt: skip
+                        consumer, with_fix=True)  # fmt: skip
     print_clock(cv)
     return {"lease_s": cv.mapped.lease_s, "heartbeats": cv.mapped.heartbeats,
             "events": len(cv.mapped.log), "log": [event_line(e) for e in cv.mapped.log],
-            "designs": [d.design.to_json() | {"reads": d.safe} for d in cv.designs],
+            "designs": [d.design.to_json() | {"reads": d.safe, "writes": d.writes}
+                        for d in cv.designs],
             "admitted": cv.admitted}  # fmt: skip
 
 

@@ -39,15 +39,19 @@ def test_the_kept_counterexample_posts_a_write_after_the_free() -> None:
     doc, actions = _kept()
     states = [{k: value_from_itf(v) for k, v in s.items() if k != "#meta"} for s in doc["states"]]
     i, j = actions.index("push_match"), actions.index("push_handshake_done")
+    k = actions.index("push_deferred")
     # the free (update_from_output) comes between the match and the WRITE
     freed = next(n for n, s in enumerate(states) if s["req"][0] == "freed")
-    assert i < freed < j
+    assert i < freed < k and j < k
     # the spec's record of the WRITE posted after the free
     assert states[-1]["late"] == frozenset({(1, 0)})
-    # the replay maps the two new actions onto driver calls with their arguments
+    # the replay maps the three new actions onto driver calls with their arguments
     assert step_of(states[i - 1], states[i], "push_match", frozenset({0})) == ("push_match", (1, 0))
     assert step_of(states[j - 1], states[j], "push_handshake_done", frozenset({0})) == (
         "push_handshake_done", (0,),
+    )  # fmt: skip
+    assert step_of(states[k - 1], states[k], "push_deferred", frozenset({0})) == (
+        "push_deferred", (1, 0),
     )  # fmt: skip
 
 
@@ -89,16 +93,15 @@ def test_d_receives_the_bytes_of_whatever_reused_the_freed_block() -> None:
     class Reused(ClockDriver):
         """Before the handshake completes, another request reuses r's freed block."""
 
-        def push_handshake_done(self, w: int) -> None:
+        def push_deferred(self, r: int, w: int) -> None:
             c = self.vd.c
-            for r in self.parked.get(w, []):
-                assert self.vd._status(r) == "freed"  # the scheduler freed it already
-                block = int(self.vd.params[r]["remote_block_ids"][0][0])
-                for name, cache in c.caches[w].items():
-                    blk = logical_block(cache, block)
-                    seen.setdefault("kv", {})[name] = blk.clone()
-                    blk.fill_(SCRIBBLE)
-            super().push_handshake_done(w)
+            assert self.vd._status(r) == "freed"  # the scheduler freed it already
+            block = int(self.vd.params[r]["remote_block_ids"][0][0])
+            for name, cache in c.caches[w].items():
+                blk = logical_block(cache, block)
+                seen.setdefault("kv", {})[name] = blk.clone()
+                blk.fill_(SCRIBBLE)
+            super().push_deferred(r, w)
 
         def push_write_done(self, r: int, w: int) -> None:
             super().push_write_done(r, w)  # (checks D's block equals P's block now)
@@ -121,8 +124,9 @@ def test_d_receives_the_bytes_of_whatever_reused_the_freed_block() -> None:
 @pytest.mark.vllm
 def test_the_proposed_fix_drops_the_write_of_a_reported_request() -> None:
     """Positive control of the fix (patch push-lease-check, KVClock PushLeaseCheck): the
-    same trace on the patched writer diverges at the handshake's end, where the shipped one
-    posts the WRITE and the patched one drops it (rd stays "none")."""
+    same trace on the patched writer diverges where the writer re-drives the parked request
+    (push_deferred): the shipped one posts the WRITE, the patched one drops it (rd stays
+    "none")."""
     from kvspec.clock_traces import _vllm_clock_driver
 
     def make(row: Any, patch: str | None, scale: float) -> Any:
@@ -130,7 +134,7 @@ def test_the_proposed_fix_drops_the_write_of_a_reported_request() -> None:
         return _vllm_clock_driver(row, "push-lease-check", scale)
 
     res = _replay(make)
-    done = _kept()[1].index("push_handshake_done")
+    done = _kept()[1].index("push_deferred")
     assert res.divergence is not None
     assert res.divergence.startswith(f"step {done}: rd: spec"), res.divergence
 
@@ -218,3 +222,81 @@ def test_a_real_push_run_matched_with_3_s_of_lease_left_and_wrote_at_the_handsha
     (hs0,) = [e for e in p if e.call == "handshake" and e.rank == 0]
     margin_s = (deadline - hs0.result["started_ns"]) / 1e9
     assert 2.5 < margin_s < 3.5, margin_s
+
+
+def test_the_held_inbox_gives_the_writer_only_what_the_driver_released() -> None:
+    """The seam behind push_deferred, on a stand-in for the writer's queue: the handshake's
+    callbacks put as vLLM's do; the writer's drain (`get_nowait` until Empty) gets nothing
+    until the driver releases an entry, then that entry alone; restore gives the real
+    queue back and drops what is still held."""
+    import queue
+    import threading
+    from types import SimpleNamespace
+
+    from kvspec.drivers.push_seams import HeldInbox
+    from kvspec.drivers.vllm_inbox import DEFAULT_WAITS
+
+    real: queue.Queue[Any] = queue.Queue()
+    nw = SimpleNamespace(_deferred_push_inbox=real, _push_writer_wake=threading.Event())
+    inbox = HeldInbox(nw, DEFAULT_WAITS)
+    for rid in ("a", "b"):
+        nw._deferred_push_inbox.put((rid, [1], {}))
+    inbox.await_queued(["a", "b"], "both queued")
+
+    def drain() -> list[str]:
+        got = []
+        while True:
+            try:
+                got.append(nw._deferred_push_inbox.get_nowait()[0])
+            except queue.Empty:
+                return got
+
+    assert drain() == []  # held: the writer's drain finds nothing
+    inbox.release("b")
+    assert nw._push_writer_wake.is_set()
+    assert drain() == ["b"]
+    assert inbox.held() == ["a"]
+    inbox.restore()
+    assert nw._deferred_push_inbox is real and real.empty()
+
+
+def _prefix_driver(upto: str) -> Any:
+    """A clock driver that replayed the kept counterexample up to its first `upto` step."""
+    from kvspec.clock_traces import _vllm_clock_driver, model_row, replay_clock
+
+    doc, actions = _kept()
+    prefix = {**doc, "states": doc["states"][: actions.index(upto) + 1]}
+    driver = _vllm_clock_driver(model_row(regression_row(KEPT, ROWS)), None, 1.0)
+    res = replay_clock(prefix, driver)
+    if res.timeout is not None:
+        driver.close()
+        pytest.skip(f"inconclusive: {res.timeout}")
+    assert res.divergence is None, res.divergence
+    return driver
+
+
+@pytest.mark.vllm
+def test_the_writer_posts_a_parked_write_only_when_the_spec_drains_it() -> None:
+    """Between push_handshake_done and push_deferred (P's step runs there in the kept
+    trace's neighbours) vLLM's writer holds r on its inbox: no WRITE handle, until the
+    spec's push_deferred. Negative control: without the inbox seam, releasing the same
+    handshake makes vLLM's writer post the WRITE at once."""
+    pytest.importorskip("nixl")
+    from kvspec.drivers.base import WaitTimeout
+    from kvspec.drivers.push_side import write_handles
+    from kvspec.drivers.vllm_view import req_id
+
+    rid = req_id(1)
+    try:
+        with _prefix_driver("push_handshake_done") as driver:
+            nw = driver.vd.c.nixl_worker(0)
+            assert write_handles(nw, rid) == [] and driver.p_inbox[0].held() == [rid]
+            driver.push_deferred(1, 0)
+            assert write_handles(nw, rid)
+        with _prefix_driver("push_match") as driver:
+            nw = driver.vd.c.nixl_worker(0)
+            driver.p_inbox.pop(0).restore()  # the writer's own queue: no seam
+            driver.p_held[0].release()
+            driver.waits.until(lambda: bool(write_handles(nw, rid)), "the ungated WRITE")
+    except WaitTimeout as exc:
+        pytest.skip(f"inconclusive: {exc}")

@@ -11,7 +11,10 @@ and in the driver's own view of them, by a clock the driver advances (lease_driv
 | `push_write(r, w)` | D's PUSH_REG reaches rank w; its writer thread posts the real WRITE |
 | `push_match(r, w)` | PHsMax > 0: the PUSH_REG reaches rank w; its writer parks r's blocks |
 | | on its handshake with D, held at the seam (no WRITE) |
-| `push_handshake_done(w)` | the held handshake completes; the writer posts the parked WRITEs |
+| `push_handshake_done(w)` | the held handshake completes; vLLM's callbacks queue the parked |
+| | requests on the writer's `_deferred_push_inbox`, held at the seam (push_seams) |
+| `push_deferred(r, w)` | the seam lets the writer take r: it posts r's real WRITE (or the fix |
+| | drops it) |
 | `push_write_done(r, w)` | the WRITE's handles are done, D's block checked: landed, reported |
 | `consumer_add_request(r)` | nothing real: D tracks r from now (its on_new_request) |
 | `consumer_update(r)` | nothing real: D stops tracking r (finished_recving seen) |
@@ -58,6 +61,7 @@ from kvspec.drivers.lease_driver import (
     controlled_clock,
     mark_consumers_active,
 )
+from kvspec.drivers.push_seams import HeldInbox
 from kvspec.drivers.push_side import write_handles
 from kvspec.drivers.vllm_driver import VllmDriver
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
@@ -85,10 +89,13 @@ class ClockDriver:
     # push: heartbeat messages at rank w's agent that its writer thread has not read (the
     # spec's hbq), held here so that the writer forwards them only where the spec does
     at_agent: dict[int, list[tuple[str, bytes]]] = field(default_factory=dict)
-    # push, PHsMax > 0: rank w's held handshake with D, and the requests its writer parked
-    # on it (the spec's phs and claim)
+    # push, PHsMax > 0: rank w's held handshake with D, the requests its writer parked on
+    # it (the spec's phs and claim), its held _deferred_push_inbox and what the handshake's
+    # callbacks queued there (the spec's defer)
     p_held: dict[int, HeldHandshake] = field(default_factory=dict)
     parked: dict[int, list[int]] = field(default_factory=dict)
+    p_inbox: dict[int, HeldInbox] = field(default_factory=dict)
+    deferred: dict[int, list[int]] = field(default_factory=dict)
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def __post_init__(self) -> None:
@@ -107,6 +114,8 @@ class ClockDriver:
         # no parked WRITE reaches the pooled cluster's next trace
         for p in self.p_held.values():
             p.abandon()
+        for inbox in self.p_inbox.values():
+            inbox.restore()
         for h in self.held:
             h.restore()
         self._stack.close()
@@ -199,6 +208,7 @@ class ClockDriver:
             if side.engine_id not in nw._remote_agents:
                 raise MissingAction(f"push_match({r}, {w}): rank {w} never handshook D")
             self.p_held[w] = HeldHandshake(nw, side.engine_id, self.waits)
+            self.p_inbox[w] = HeldInbox(nw, self.waits)
         elif self.p_held[w].state() == "done":
             raise MissingAction(f"push_match({r}, {w}): rank {w}'s handshake with D is done")
         # The pooled cluster's real handshake may have stamped D's engine on another clock;
@@ -227,17 +237,30 @@ class ClockDriver:
 
     def push_handshake_done(self, w: int) -> None:
         """KVClock `push_handshake_done(w)`: rank w's held handshake with D completes; each
-        `_on_handshake` queues its request on `_deferred_push_inbox` and the writer posts
-        the real WRITEs (push_worker.py:247-252), lease reaped or not."""
+        `_on_handshake` queues its request on `_deferred_push_inbox` (push_worker.py:
+        465-478), where the seam holds it from the writer: no WRITE yet."""
         held = self.p_held.get(w)
         if held is None or held.state() != "pending":
             raise MissingAction(f"push_handshake_done({w}): no handshake with D pending")
-        nw = self.vd.c.nixl_worker(w)
-        vars(nw).pop("kvspec_dropped", None)  # the fix's record, from an earlier trace
         held.release()
-        for r in self.parked.pop(w, []):
-            if self._await_deferred(nw, w, req_id(r)):
-                self.vd.record_write(r, w)  # else dropped: the spec's rd says which it wanted
+        parked = self.parked.pop(w, [])
+        what = f"rank {w}'s handshake callbacks to queue {parked}"
+        self.p_inbox[w].await_queued([req_id(r) for r in parked], what)
+        self.deferred.setdefault(w, []).extend(parked)
+
+    def push_deferred(self, r: int, w: int) -> None:
+        """KVClock `push_deferred(r, w)`: rank w's writer takes r from its inbox and
+        re-drives it (push_worker.py:247-252 -> `_do_start_push_kv`): vLLM posts the real
+        WRITE, lease reaped or not; the proposed fix (patches.push-lease-check) drops it."""
+        if r not in self.deferred.get(w, []):
+            raise MissingAction(f"push_deferred({r}, {w}): r is not on rank {w}'s inbox")
+        nw = self.vd.c.nixl_worker(w)
+        rid = req_id(r)
+        vars(nw).get("kvspec_dropped", set()).discard(rid)  # the fix's record, earlier trace
+        self.deferred[w].remove(r)
+        self.p_inbox[w].release(rid)
+        if self._await_deferred(nw, w, rid):
+            self.vd.record_write(r, w)  # else dropped: the spec's rd says which it wanted
 
     def _await_deferred(self, nw: Any, w: int, rid: str) -> bool:
         """Rank w's writer re-drives rid once the handshake is done: True once it posted

@@ -61,6 +61,8 @@ class ClockEvent:
     def describe(self) -> str:
         if self.a == "hs":
             return f"t={self.t} D's handshake with the producer done"
+        if self.a == "phs":
+            return f"t={self.t} producer rank {self.w}'s handshake with D done"
         if self.a == "hb":
             what = "swallowed" if self.swallow else f"lost at {sorted(self.lost)}"
             return f"t={self.t} heartbeat {list(self.names)} {what}"
@@ -88,6 +90,9 @@ class ClockMapped:
     # the recording records D's handshakes (records_handshakes): the handshake ends at
     # its "hs" event only; False: it ends silently, any time
     hs_recorded: bool = False
+    # push: the recording records the producer ranks' handshakes with D (the same
+    # recorder's `handshake`): each ends at its "phs" event only; False: silently
+    phs_recorded: bool = False
 
     @property
     def heartbeats(self) -> int:
@@ -314,6 +319,22 @@ def _handshake(events: list[Event], m: Mapped) -> Placed:
     return [(done[0], ClockEvent("hs", source=done[0]))] if done else []
 
 
+def _p_handshakes(events: list[Event], m: Mapped) -> Placed:
+    """Push: each producer rank's first successful handshake with D (the recorder's
+    `handshake` on P's worker, which it records at the exchange's end, before vLLM's
+    callbacks queue the WRITEs parked on it: push_worker.py:465-478). KVClock's
+    push_handshake_done(w). A failed one parks nothing for ever: vLLM's `_on_handshake`
+    logs push_handshake_failed and drops the blocks (the TTL reclaims them), which the
+    spec explains as no match at all (push_match is optional)."""
+    out: Placed = []
+    for w in range(m.world):
+        done = [e for e in events if e.engine == m.producer and e.rank == w
+                and e.call == "handshake" and e.result.get("ok") is True
+                and e.result.get("remote_engine") in m.consumers]  # fmt: skip
+        out += [(done[0], ClockEvent("phs", w=w, source=done[0]))] if done else []
+    return out
+
+
 def records_handshakes(events: list[Event], m: Mapped) -> bool:
     """Whether the recorder wrote the decode workers' handshakes (since 2026-12-05): then
     the handshake ends only where the log says."""
@@ -390,6 +411,7 @@ def map_clock(events: list[Event], lease_s: int | None = None, producer: str | N
     first_swallowed = bool(hbs_placed) and hbs_placed[0][1].swallow
     extra = _decode_events(events, m) + hbs_placed
     extra += _handshake(events, m) if first_swallowed else []
+    extra += _p_handshakes(events, m)
     placed += [(_key(at), len(base) + i, ev) for i, (at, ev) in enumerate(extra)]
     placed.sort(key=lambda x: (x[0], x[1]))
     tick_ns = lease * 1_000_000_000 / TICKS_PER_LEASE
@@ -400,4 +422,6 @@ def map_clock(events: list[Event], lease_s: int | None = None, producer: str | N
     hb_recorded = bool(hbs) or _records_heartbeats(events, m)
     return ClockMapped(m, lease, kept, bool(hbs) and hbs[0].swallow, dropped | m.cut_steps,
                        steps_holding_events(log), hb_recorded,
-                       records_handshakes(events, m))  # fmt: skip
+                       records_handshakes(events, m),
+                       any(e.engine == m.producer and e.call == "handshake"
+                           for e in events))  # fmt: skip

@@ -141,3 +141,29 @@ def unwritten(events: list[Event], producer: str, rid: str) -> list[Event]:
 
     return [without(e) for e in events
             if not (e.engine == producer and e.call == "write" and rid in e.reqs)]
+
+
+def handshake_done_at(events: list[Event], producer: str, t_ns: int) -> list[Event]:
+    """Push mode: the producer rank's failed handshake with D (a recording whose staged
+    fault refused it) instead succeeds at `t_ns`, and the writer re-drives every request
+    the rank had parked on it (those D registered: D's add_request names them), as vLLM's
+    `_on_handshake` and the writer's inbox do (push_worker.py:247-252, 465-478): a WRITE
+    of each, 1 ms apart. `t_ns` after the producer freed them is the WRITE from freed
+    blocks (a handshake that outlived the lease); before, the same WRITEs from blocks P
+    still held."""
+    n = _first(events, lambda e: e.engine == producer and e.call == "handshake"
+               and e.result.get("ok") is False)  # fmt: skip
+    hs = events[n]
+    d = str(hs.result.get("remote_engine"))
+    parked = [(str(e.result["remote_request_id"]), e.reqs[0]) for e in events
+              if e.engine == d and e.call == "add_request" and e.reqs
+              and e.result.get("remote_engine") == producer]  # fmt: skip
+    done = replace(hs, t_ns=t_ns, result={**hs.result, "ok": True})
+    writes = [  # (seq past the file's own: an event is known by its pid and seq)
+        replace(hs, call="write", seq=hs.seq + 100_000 + k, t_ns=t_ns + (k + 1) * 1_000_000,
+                reqs=(rid,), result={"posted": True, "remote_engine": d,
+                                     "remote_rank": 0, "remote_request_id": d_rid})
+        for k, (rid, d_rid) in enumerate(parked)
+    ]  # fmt: skip
+    rest = [*events[:n], *events[n + 1:]]
+    return sorted([*rest, done, *writes], key=lambda e: (e.t_ns, e.pid, e.seq))
