@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from kvspec.record.log import DIR_ENV, Event, read_dir
+from kvspec.record.log import DIR_ENV, FAULT_ENV, Event, read_dir
 from kvspec.record.mapping import Sides, validation_sides
 from kvspec.scenario_catalogue import MODEL_CONFIGS, SCENARIOS, Scenario
 from kvspec.scenario_flows import (
@@ -37,6 +37,7 @@ from kvspec.scenario_flows import (
     held_after_d_finished,
     prompts,
     wait_until,
+    writes_after_free,
 )
 from kvspec.scenario_proc import EngineExited, EngineProc, EngineTimeout
 from kvspec.validate import validate_events
@@ -75,8 +76,10 @@ def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
         args += ["--num-blocks", str(blocks)]
     if eid.startswith("D") and sc.load_policy:
         args += ["--load-failure", sc.load_policy]
-    if eid.startswith("P") and sc.p_handshake_fails:  # kvspec.record.faults stages it
-        args += ["--connector-module", "kvspec.record.faults"]
+    if eid.startswith("P") and (sc.p_handshake_fails or sc.p_handshake_late):
+        args += ["--connector-module", "kvspec.record.faults"]  # it stages them
+    if eid.startswith("P") and sc.p_handshake_late:
+        env[FAULT_ENV] = f"late:{sc.lease or 30}"
 
     return EngineProc(args, env, logs / f"{eid}.log", grace_s)
 
@@ -174,6 +177,12 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
                                 "come)", ok, ", ".join(
                                     f"{r} {s:.1f} s, {'after' if a else 'before'} D's abort"
                                     for r, (s, a) in sorted(held.items()))))  # fmt: skip
+    if sc.p_handshake_late:  # KVClock NoWriteFromFreed, violated on real engines
+        late = writes_after_free(events, "P")
+        res.checks.append(Check("P WRITEs every request after its lease freed the blocks "
+                                "(the handshake it waited for ended after the free)",
+                                len(late) == sc.requests * sc.tp and all(s > 0 for s in late),
+                                ", ".join(f"{s:+.2f} s" for s in late) or "no WRITE"))
     if sc.p_crash_mid_read:  # the READ P hung under, read off the recording
         s = failed_read_s(events)
         res.checks.append(Check(f"D's READ of request 2 stayed in flight while P hung (at "
@@ -218,8 +227,8 @@ def _handshake_timed_out(sc: Scenario, events: list[Event], d_ids: list[str]) ->
                   and not staged[0 if e.engine in d_ids else 1]})  # fmt: skip
     if hit:
         return f"timeout: {', '.join(hit)}'s handshake failed (vLLM's 5 s wait)"
-    if sc.p_handshake_fails and not any(e.call == "handshake" and e.engine not in d_ids
-                                        for e in events):  # fmt: skip
+    if (sc.p_handshake_fails or sc.p_handshake_late) and not any(
+            e.call == "handshake" and e.engine not in d_ids for e in events):  # fmt: skip
         # the staged fault fires only at P's WRITE: D's registration came after P's lease
         return "timeout: P never handshook D (D's registration came after P freed)"
     return ""
@@ -265,10 +274,12 @@ def _validate_producer(sc: Scenario, events: list[Event], work: Path, res: Scena
                          for d in cv.designs)  # fmt: skip
         if any("inconclusive" in (d.design.verdict, d.safe, d.writes) for d in cv.designs):
             undecided = True  # TLC timed out or failed: no verdict either way
-        # (push: and no WRITE from freed blocks, NoWriteFromFreed; pull has no "writes")
-        res.checks.append(Check(f"admitted by the clock, reads safe{at}",
+        # (push: and no WRITE from freed blocks, NoWriteFromFreed; pull has no "writes").
+        # A staged late handshake: the run's WRITEs from freed blocks, flagged
+        writes = "unsafe" if sc.p_handshake_late else "safe"
+        res.checks.append(Check(f"admitted by the clock, reads safe, writes {writes}{at}",
                                 [(d.safe, d.writes or "safe") for d in cv.designs]
-                                == [("safe", "safe")],
+                                == [("safe", writes)],
                                 f"{cv.mapped.heartbeats} heartbeats, {len(cv.mapped.log)} "
                                 f"clock events; {said}"))  # fmt: skip
     if not (sc.consumer and sc.admits and not sc.queued):

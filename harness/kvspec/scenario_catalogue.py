@@ -104,6 +104,10 @@ class Scenario:
     # the one it listens on, so no proxy-side change can make it fail). P's writer logs
     # push_handshake_failed and tells D nothing; D waits, and heartbeats P's requests
     p_handshake_fails: bool = False
+    # push: P's handshake with D is held until P's lease freed the requests, and D's
+    # heartbeats are lost at P (kvspec.record.faults, "late:"): P's writer WRITEs blocks
+    # it already freed (KVClock NoWriteFromFreed, the hand-off row's counterexample)
+    p_handshake_late: bool = False
 
     @property
     def stalls(self) -> bool:
@@ -130,7 +134,8 @@ class Scenario:
                                       or self.p_engines > 1 or self.d_engines > 1):  # fmt: skip
             raise ValueError(f"{self.name}: a crash during a READ runs 2 requests, one P and "
                              "one D, no restart")
-        if self.p_handshake_fails and self.connector != "NixlPushConnector":
+        if (self.p_handshake_fails or self.p_handshake_late) and \
+                self.connector != "NixlPushConnector":  # fmt: skip
             raise ValueError(f"{self.name}: P handshakes D only in push mode (to WRITE)")
         if self.connector == "NixlPushConnector" and (self.queued or self.kv_blocks):
             # push pairs D's registration with P's blocks by request id: D's P/D requests
@@ -187,6 +192,12 @@ SCENARIOS = {
                  "aborts both (75 s): P then frees at its lease, D keeps their blocks",
                  connector="NixlPushConnector", lease=30, p_handshake_fails=True,
                  d_abort=(0, 1), d_abort_after_s=75),
+        # KVClock push-tp1-handoff25s-hb-ok-p-handshake-5s: NoWriteFromFreed violated
+        Scenario("pd-push-p-handshake-late", "push mode, P's handshake with D held until "
+                 "its 30 s lease freed both requests, D's heartbeats lost at P (two staged "
+                 "faults): P's writer then WRITEs both from blocks it already freed, and D "
+                 "decodes them", connector="NixlPushConnector", lease=30,
+                 p_handshake_late=True),
         Scenario("pd-mla", "P -> D over NIXL with an MLA model (DeepSeek-V2-shaped, CPU_MLA)",
                  model="mla", lease=120),
         Scenario("pd-abort", "P -> D, 3 requests; the client aborts the second on P at once",

@@ -98,6 +98,17 @@ def heartbeat_extended(events: list[Event], producer: str) -> set[str]:
             for r in e.result.get("held", ())}  # fmt: skip
 
 
+def writes_after_free(events: list[Event], producer: str) -> list[float]:
+    """Per WRITE a producer worker posted (push): seconds from the producer scheduler's
+    free of that request's blocks to the WRITE's post, negative where the WRITE came
+    first; a WRITE of a request the producer never freed is left out."""
+    freed = {r: e.t_ns for e in events if e.engine == producer and e.role == "scheduler"
+             and e.call == "free_blocks" for r in e.reqs}  # fmt: skip
+    return [(e.t_ns - freed[e.reqs[0]]) / 1e9 for e in events if e.engine == producer
+            and e.call == "write" and e.reqs and e.result.get("posted") is not False
+            and e.reqs[0] in freed]  # fmt: skip
+
+
 def wait_until(pred: Callable[[], bool], timeout_s: float, *,
                clock: Callable[[], float] = time.monotonic,
                sleep: Callable[[float], None] = time.sleep) -> bool:  # fmt: skip

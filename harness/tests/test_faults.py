@@ -128,3 +128,81 @@ def test_the_staged_run_is_admitted_by_the_producer_and_decode_sides(tmp_path: P
     if v.verdict == "inconclusive":
         pytest.skip(f"inconclusive: {v.detail}")
     assert (v.verdict, v.explained) == ("admitted", len(m.log))
+
+
+def test_the_held_handshake_waits_for_the_reaper_then_runs_the_real_exchange() -> None:
+    """FAULT_ENV "late:30": the exchange sleeps the lease, then until the rank's reaper
+    reported every request (`_reqs_to_send` empty), then 2 s for the scheduler's free, and
+    only then runs vLLM's. A fake sleep stands for time; the reaper empties the dict on
+    the fifth poll. Negative control: a worker class not held handshakes at once."""
+    from kvspec.record.faults import hold_handshakes
+
+    class Held(_Worker):
+        _reqs_to_send: dict[str, float]
+
+    slept: list[float] = []
+    w = Held()
+    w._reqs_to_send = {"p0": 30.0}
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        if len(slept) == 5:
+            w._reqs_to_send.clear()  # the reaper reported p0
+
+    hold_handshakes(Held, 30.0, sleep)
+    hold_handshakes(Held, 30.0, sleep)  # idempotent: held once
+    assert w._nixl_handshake("127.0.0.1", 5601, 1, "D") == "agents"
+    assert slept == [30.0, 0.1, 0.1, 0.1, 0.1, 2.0]
+    slept.clear()
+    assert _Worker()._nixl_handshake("h", 1, 1, "D") == "agents" and slept == []
+
+
+def test_the_held_handshake_is_bounded_when_the_reaper_never_reports() -> None:
+    from kvspec.record.faults import HOLD_CAP_S, hold_handshakes
+
+    class Held(_Worker):
+        _reqs_to_send = {"p0": 0.0}
+
+    slept: list[float] = []
+    hold_handshakes(Held, 30.0, slept.append)
+    assert Held()._nixl_handshake("h", 1, 1, "D") == "agents"
+    assert HOLD_CAP_S <= sum(slept) <= HOLD_CAP_S + 2.2
+
+
+def test_heartbeats_are_lost_and_completion_notifications_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kvspec.record.faults import LosesHeartbeats, late_lease_s
+    from kvspec.record.log import FAULT_ENV
+
+    q = LosesHeartbeats()
+    for n in (b"HB:p0,p1", b"p0:1", b"HB:p0", b"p1:1"):
+        q.put(n)
+    assert [q.get_nowait() for _ in range(q.qsize())] == [b"p0:1", b"p1:1"]
+    monkeypatch.delenv(FAULT_ENV, raising=False)
+    assert late_lease_s() is None  # unset: the refused handshake (the first scenario's)
+    monkeypatch.setenv(FAULT_ENV, "late:30")
+    assert late_lease_s() == 30.0
+
+
+def test_the_late_scenario_stages_both_faults_in_push_only() -> None:
+    from kvspec.scenario_catalogue import Scenario
+
+    sc = SCENARIOS["pd-push-p-handshake-late"]
+    assert sc.p_handshake_late and not sc.stalls and sc.connector == "NixlPushConnector"
+    with pytest.raises(ValueError, match="only in push mode"):
+        Scenario("x", "pull", p_handshake_late=True)
+
+
+def test_writes_after_the_free_are_read_off_the_recording() -> None:
+    """The late scenario's check: P freed p0 at 30 s and WRITE it at 32.5 s (+2.5 s); a
+    WRITE before the free (p1, the negative control) reads negative."""
+    from kvspec.scenario_flows import writes_after_free
+
+    def w(rid: str, t_s: float) -> Event:
+        return Event("P", "kv_both", "worker", 0, 1, 2, 0, int(t_s * 1e9), "write",
+                     reqs=(rid,), result={"posted": True})  # fmt: skip
+
+    events = [_ev("P", "free_blocks", "p0", 30), w("p0", 32.5), w("p1", 5),
+              _ev("P", "free_blocks", "p1", 7)]  # fmt: skip
+    assert writes_after_free(events, "P") == [2.5, -2.0]

@@ -15,17 +15,33 @@ failing exchange as it wraps a real one: a `handshake` event with ok false. Why 
 our own: D's side-channel address, which P dials, is the one D listens on (its
 VLLM_NIXL_SIDE_CHANNEL_HOST/PORT, push_scheduler.py:180-181), so no proxy-side change can
 make that handshake fail (pd-handshake-fail's dead port only reaches D's handshake with P).
+
+With `FAULT_ENV` set to `late:<lease s>`, the producer's handshakes with D are held, not
+refused, and D's heartbeats are lost at P (pd-push-p-handshake-late): each exchange waits
+until the rank's reaper reported every request it held (`_reqs_to_send` empty, at least a
+lease after it started), 2 s more for P's scheduler to free them, then runs. vLLM runs
+handshakes on one executor thread (`_handshake_initiation_executor`, max_workers=1,
+base_worker.py:828-832), so a real one waits behind every exchange queued before it.
+Heartbeats lost: the writer forwards D's notifications to P's step on
+`_pending_completion_notifs` (push_worker.py:278-284); the fault's queue drops those
+starting "HB:", as a D whose `send_notif` failed (logged at debug, base_worker.py
+3203-3211) would have them dropped. Nothing else changes: the parked WRITE is vLLM's.
 """
 
 from __future__ import annotations
 
+import os
+import queue
+import time
 from typing import Any
 
 from kvspec.record import connectors as _recording
+from kvspec.record.log import FAULT_ENV
 
 # push mode: vLLM 0.32+ (kvspec.record.connectors defines it only there)
 _RecordedPush: Any = getattr(_recording, "NixlPushConnector", None)
 
+HOLD_CAP_S = 300.0  # the held handshake's own bound (every wait has one)
 REFUSED = "kvspec fault: the producer's handshake with the decode engine is refused"
 
 
@@ -45,16 +61,61 @@ def refuse_handshakes(worker_class: Any) -> None:
     worker_class._nixl_handshake = _refused
 
 
+def late_lease_s() -> float | None:
+    """The lease the held handshake outwaits, or None: refuse (FAULT_ENV)."""
+    v = os.environ.get(FAULT_ENV, "")
+    return float(v.split(":", 1)[1]) if v.startswith("late:") else None
+
+
+def hold_handshakes(worker_class: Any, lease_s: float, sleep: Any = time.sleep) -> None:
+    """Hold every handshake exchange of `worker_class`'s workers until the rank's reaper
+    reported all its requests (at least `lease_s` after the exchange began; `HOLD_CAP_S`
+    at most), then 2 s for the scheduler's free, then run the real exchange. Idempotent:
+    the class is patched once per process."""
+    real = worker_class._nixl_handshake
+    if getattr(real, "_kvspec_held", False):
+        return
+
+    def held(self: Any, *args: Any, **kwargs: Any) -> Any:
+        sleep(lease_s)
+        waited = lease_s
+        while self._reqs_to_send and waited < HOLD_CAP_S:
+            sleep(0.1)
+            waited += 0.1
+        sleep(2.0)
+        return real(self, *args, **kwargs)
+
+    held._kvspec_held = True  # type: ignore[attr-defined]
+    worker_class._nixl_handshake = held
+
+
+class LosesHeartbeats(queue.Queue[bytes]):
+    """`_pending_completion_notifs` with D's heartbeats lost: `put` drops "HB:" ones."""
+
+    def put(self, item: bytes, block: bool = True, timeout: float | None = None) -> None:
+        if not item.startswith(b"HB:"):
+            super().put(item, block, timeout)
+
+
 if _RecordedPush is not None:
 
     class NixlPushConnector(_RecordedPush):  # type: ignore[misc]
-        """The recording NixlPushConnector whose producer cannot handshake D (this
-        module is the producer engine's only: its processes build producer workers)."""
+        """The recording NixlPushConnector whose producer cannot handshake D, or (FAULT_ENV
+        "late:") handshakes it only after its lease freed the requests and loses D's
+        heartbeats (this module is the producer engine's only: its processes build
+        producer workers)."""
 
         def __init__(self, vllm_config: Any, role: Any, *args: Any, **kwargs: Any) -> None:
             from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (
                 NixlPushConnectorWorker,
             )
 
-            refuse_handshakes(NixlPushConnectorWorker)
+            lease = late_lease_s()
+            if lease is None:
+                refuse_handshakes(NixlPushConnectorWorker)
+            else:
+                hold_handshakes(NixlPushConnectorWorker, lease)
             super().__init__(vllm_config, role, *args, **kwargs)
+            worker = getattr(self, "connector_worker", None)
+            if lease is not None and worker is not None:  # the worker role's
+                worker._pending_completion_notifs = LosesHeartbeats()

@@ -71,6 +71,8 @@ from typing import IO, Any
 
 SCHEMA_VERSION = 1
 DIR_ENV = "KVSPEC_RECORD_DIR"
+# the producer fault kvspec.record.faults stages: unset, refuse; "late:<lease s>", hold
+FAULT_ENV = "KVSPEC_P_FAULT"
 FIELDS = ("v", "engine", "kv_role", "role", "rank", "world", "pid", "seq", "t_ns", "call")
 
 
