@@ -71,7 +71,7 @@ def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
         args += ["--pcp", str(sc.pcp)]
     if eid.startswith("D") and sc.queued:
         args += ["--max-seqs", "1"]
-    blocks = sc.kv_blocks if eid.startswith("P") else sc.d_kv_blocks
+    blocks = (sc.kv_blocks if eid.startswith("P") else sc.d_kv_blocks) or sc.pool_blocks
     if blocks:
         args += ["--num-blocks", str(blocks)]
     if eid.startswith("D") and sc.load_policy:
@@ -126,9 +126,11 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
         elif len(p_ids) > 1 or len(d_ids) > 1:
             _xpyd(sc, engines[:len(p_ids)], engines[len(p_ids):], ps, res, step_s)
         else:
-            _one_pair(sc, engines, ps, res, step_s, lambda: frees("P-scheduler-*.ndjson"))
+            _one_pair(sc, engines, ps, res, step_s, lambda: frees("P-scheduler-*.ndjson"),
+                      lambda: _count(rec, "P-worker-*.ndjson", "write"))
         # every request freed, but the one a crashed producer held
-        want = (sc.requests - len(sc.abort)) * sc.p_n - sc.p_crashes
+        # (and the request that nudged a late-WRITEing P, freed at its lease)
+        want = (sc.requests - len(sc.abort)) * sc.p_n - sc.p_crashes + sc.p_handshake_late
         if not wait_until(lambda: frees() >= want, step_s):
             raise EngineTimeout(f"producer did not free {sc.requests} requests in {step_s:.0f} s")
     except EngineTimeout as exc:
@@ -255,9 +257,18 @@ def _validate_producer(sc: Scenario, events: list[Event], work: Path, res: Scena
                                 f"not mapped: {exc}"))  # fmt: skip
     else:
         admitted = v.admitted
-        res.checks.append(Check(f"admitted by {', '.join(sc.admits)}{of}",
-                                set(sc.admits) <= set(v.admitted),
-                                "admitted: " + (", ".join(v.admitted) or "none")))  # fmt: skip
+        if sc.rejected_at:  # KVCompletion's gap (Scenario.rejected_at)
+            first = next((n for n, x in enumerate(v.mapped.log) if x.a == sc.rejected_at), -1)
+            res.checks.append(Check(
+                f"rejected by every design at the first {sc.rejected_at}{of} (KVCompletion "
+                "lacks it: the model's gap)", first >= 0 and all(
+                    (d.verdict, d.explained) == ("rejected", first) for d in v.designs),
+                "; ".join(f"{d.variant}: {d.verdict} at {d.explained}" for d in v.designs)
+                + f" (first {sc.rejected_at}: event {first})"))  # fmt: skip
+        else:
+            res.checks.append(Check(f"admitted by {', '.join(sc.admits)}{of}",
+                                    set(sc.admits) <= set(v.admitted),
+                                    "admitted: " + (", ".join(v.admitted) or "none")))  # fmt: skip
     # The producer against the lease clock, heartbeats included (spec/ClockTrace.tla),
     # where the clock can map the run (the mapping says why not: one place decides);
     # once per decode engine where P feeds several (KVClock has one: project_log)

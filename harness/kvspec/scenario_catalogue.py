@@ -108,6 +108,14 @@ class Scenario:
     # heartbeats are lost at P (kvspec.record.faults, "late:"): P's writer WRITEs blocks
     # it already freed (KVClock NoWriteFromFreed, the hand-off row's counterexample)
     p_handshake_late: bool = False
+    # KVTrace rejects the run, on every design, at its first spec event of this kind: a
+    # behaviour of vLLM's that KVCompletion lacks (a model gap the run shows, checked so
+    # that a model that gains it flips the check); "": the designs in `admits` admit it
+    rejected_at: str = ""
+    # Both engines' KV pool in blocks (0: what memory gives), and nothing else (unlike
+    # kv_blocks, P does not stream): a small pool makes each NIXL handshake cheap, as
+    # `add_remote_agent` builds descriptors per remote block (base_worker.py:2379, 2050)
+    pool_blocks: int = 0
 
     @property
     def stalls(self) -> bool:
@@ -197,7 +205,8 @@ SCENARIOS = {
                  "its 30 s lease freed both requests, D's heartbeats lost at P (two staged "
                  "faults): P's writer then WRITEs both from blocks it already freed, and D "
                  "decodes them", connector="NixlPushConnector", lease=30,
-                 p_handshake_late=True),
+                 p_handshake_late=True, rejected_at="write", pool_blocks=64,
+                 default=False),
         Scenario("pd-mla", "P -> D over NIXL with an MLA model (DeepSeek-V2-shaped, CPU_MLA)",
                  model="mla", lease=120),
         Scenario("pd-abort", "P -> D, 3 requests; the client aborts the second on P at once",

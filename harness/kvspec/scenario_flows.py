@@ -122,9 +122,11 @@ def wait_until(pred: Callable[[], bool], timeout_s: float, *,
 
 def _one_pair(sc: Scenario, engines: list[EngineProc], ps: list[list[int]],
               res: ScenarioResult, step_s: float,
-              p_frees: Callable[[], int] | None = None) -> None:  # fmt: skip
+              p_frees: Callable[[], int] | None = None,
+              p_writes: Callable[[], int] | None = None) -> None:  # fmt: skip
     """One producer, at most one decode engine: P prefills, D decodes what P handed on
-    (sc.late: once P freed them, p_frees counting P's frees)."""
+    (sc.late: once P freed them, p_frees counting P's frees; sc.p_handshake_late: P is
+    nudged once it freed them and posted its WRITEs, p_writes counting those)."""
     ask_p = {"cmd": "generate", "prompts": ps, "max_tokens": 1, "remote_decode": True,
              "tag": "p", "abort": list(sc.abort), "n": sc.p_n}  # fmt: skip
     handed: list[dict[str, Any]] = []
@@ -152,16 +154,43 @@ def _one_pair(sc: Scenario, engines: list[EngineProc], ps: list[list[int]],
         if handed:
             got: dict[str, Any] = {"outputs": handed}
         else:
-            got = d.ask({"cmd": "generate", "prompts": fill + ps, "params": [None]
-                         * len(fill) + params, "max_tokens": [sc.filler_tokens]
-                         * len(fill) + [sc.max_tokens] * len(ps), "tag": d_tag,
-                         "abort": [len(fill) + n for n in sc.d_abort],
-                         "abort_after_s": sc.d_abort_after_s},
-                        step_s)  # fmt: skip
+            d.send({"cmd": "generate", "prompts": fill + ps, "params": [None]
+                    * len(fill) + params, "max_tokens": [sc.filler_tokens]
+                    * len(fill) + [sc.max_tokens] * len(ps), "tag": d_tag,
+                    "abort": [len(fill) + n for n in sc.d_abort],
+                    "abort_after_s": sc.d_abort_after_s})  # fmt: skip
+            if sc.p_handshake_late and p_frees is not None and p_writes is not None:
+                _nudge_after_late_writes(sc, engines[0], len(kept), step_s, p_frees, p_writes)
+            got = d.ask(None, step_s)
             got["outputs"] = got["outputs"][len(fill):]
         ref = d.ask({"cmd": "generate", "prompts": ps, "max_tokens": sc.max_tokens,
                      "tag": "local"}, step_s)  # fmt: skip
         res.checks.append(_outputs_check(sc, got["outputs"], ref["outputs"]))
+
+
+def _nudge_after_late_writes(sc: Scenario, p: EngineProc, n: int, step_s: float,
+                             p_frees: Callable[[], int],
+                             p_writes: Callable[[], int]) -> None:  # fmt: skip
+    """Once P freed its n requests and posted their WRITEs, P gets one more request.
+    Why: an idle P never steps, and P's step is what polls the WRITEs
+    (`get_transfer_results` -> `_pop_done_transfers`, push_worker.py:808-825) and so
+    progresses NIXL to deliver their notification to D; measured, without it D waited
+    300 s for a WRITE P had posted. Any request P serves does this in a serving engine.
+    A P/D one (held for a D that never comes, freed at its lease): the specs have no
+    local requests, and a step of P's with none of theirs live is none they allow
+    (KVCompletion `schedule` needs a request P holds)."""
+    if not wait_until(lambda: p_frees() >= n, step_s):
+        raise EngineTimeout(f"P did not free its {n} requests in {step_s:.0f} s")
+    # The held handshake ends at most a lease after it began, after P's match of D's
+    # registration, so 2 s (+ polls) after the free; none by a lease later: D registered
+    # after the free (measured on 2 cores: D's registration, or the client's hand-off,
+    # held up until P's free in 3 of 5 runs), so nothing was parked to WRITE
+    lease = sc.lease or 30
+    if not wait_until(lambda: p_writes() >= n * sc.tp, lease + 30):
+        raise EngineTimeout("P posted no WRITE a lease after its free: D's registration "
+                            "reached P only after P freed the requests")
+    p.ask({"cmd": "generate", "prompts": [[7] * 8], "max_tokens": 1, "remote_decode": True,
+           "tag": "nudge"}, step_s)  # fmt: skip
 
 
 def _xpyd(sc: Scenario, producers: list[EngineProc], consumers: list[EngineProc],

@@ -167,5 +167,7 @@ def print_clock(v: ClockValidation) -> None:
         if d.safe:
             print(f"  {d.design.variant:16} reads: {d.safe} (NoFreeUnderRead on the run)")
         if d.writes:
+            said = {"safe": "no WRITE from blocks P freed",
+                    "unsafe": "a WRITE read blocks P had freed"}.get(d.writes, "no verdict")
             print(f"  {d.design.variant:16} writes: {d.writes} (NoWriteFromFreed on the run: "
-                  "no WRITE from blocks P freed)")  # fmt: skip
+                  f"{said})")  # fmt: skip

@@ -206,3 +206,31 @@ def test_writes_after_the_free_are_read_off_the_recording() -> None:
     events = [_ev("P", "free_blocks", "p0", 30), w("p0", 32.5), w("p1", 5),
               _ev("P", "free_blocks", "p1", 7)]  # fmt: skip
     assert writes_after_free(events, "P") == [2.5, -2.0]
+
+
+def test_the_late_scenario_starts_p_with_the_faults_and_both_with_a_small_pool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """P's engine loads kvspec.record.faults with FAULT_ENV "late:30"; D's does not; both
+    get the 64-block pool (cheap handshakes on 2 cores). Negative control: the refused
+    scenario's P has the faults module and no "late:"."""
+    import kvspec.scenario as scenario
+    from kvspec.record.log import FAULT_ENV
+
+    started: list[tuple[list[str], dict[str, str]]] = []
+
+    def fake(args: list[str], env: dict[str, str], *rest: object) -> None:
+        started.append((args, env))
+
+    monkeypatch.setattr(scenario, "EngineProc", fake)
+    monkeypatch.delenv(FAULT_ENV, raising=False)
+    sc = SCENARIOS["pd-push-p-handshake-late"]
+    for eid in ("P", "D"):
+        scenario._engine(sc, eid, tmp_path, tmp_path, tmp_path, ["engine"], 1.0)
+    scenario._engine(SCENARIOS["pd-push-p-handshake-fail"], "P", tmp_path, tmp_path,
+                     tmp_path, ["engine"], 1.0)  # fmt: skip
+    (p, p_env), (d, d_env), (f, f_env) = started
+    assert "kvspec.record.faults" in p and p_env[FAULT_ENV] == "late:30"
+    assert "kvspec.record.faults" not in d and FAULT_ENV not in d_env
+    assert p[p.index("--num-blocks") + 1] == d[d.index("--num-blocks") + 1] == "64"
+    assert "kvspec.record.faults" in f and FAULT_ENV not in f_env
