@@ -104,7 +104,9 @@ def _clock(events: list[Event], d: str, tmp: Path) -> tuple[str, int, str]:
 
 
 # D's share is admitted in the negative control below too
-@pytest.mark.parametrize("d", [pytest.param("D", marks=pytest.mark.slow), "D2"])
+# (both in make test-full: an admitted side; D2's share is rejected in a control below)
+@pytest.mark.parametrize("d", [pytest.param("D", marks=pytest.mark.slow),
+                               pytest.param("D2", marks=pytest.mark.slow)])  # fmt: skip
 def test_each_decode_engines_share_of_the_producer_is_admitted_by_the_clock(
     d: str, tmp_path: Path
 ) -> None:
@@ -148,7 +150,7 @@ def test_a_lost_report_of_d2s_request_is_rejected_in_d2s_share_of_the_clock_only
     ("name", "p"),
     # ("pd-2p1d", "P") is admitted in the negative control below too
     [pytest.param("pd-2p1d", "P", marks=pytest.mark.slow), ("pd-2p1d", "P2"),
-     ("pd-1p2d", None), ("pd-2p1d-tp", "P2")],
+     pytest.param("pd-1p2d", None, marks=pytest.mark.slow), ("pd-2p1d-tp", "P2")],
 )  # fmt: skip
 def test_each_producer_of_a_recorded_xpyd_run_is_admitted(
     name: str, p: str | None, tmp_path: Path
@@ -174,6 +176,7 @@ def test_each_decode_share_of_a_recorded_xpyd_run_is_0_32s_design(
     assert _decode(events, d, p, tmp_path) == ("admitted", len(map_decode(events, d, p).log))
 
 
+@pytest.mark.slow  # an admitted side: make test-full
 def test_the_clock_explains_a_producer_whose_decode_engine_also_reads_another(
     tmp_path: Path,
 ) -> None:
