@@ -61,8 +61,7 @@ from kvspec.drivers.lease_driver import (
     controlled_clock,
     mark_consumers_active,
 )
-from kvspec.drivers.push_seams import HeldInbox
-from kvspec.drivers.push_side import write_handles
+from kvspec.drivers.push_seams import LazyHandshake
 from kvspec.drivers.vllm_driver import VllmDriver
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
 from kvspec.drivers.vllm_view import req_id
@@ -89,13 +88,8 @@ class ClockDriver:
     # push: heartbeat messages at rank w's agent that its writer thread has not read (the
     # spec's hbq), held here so that the writer forwards them only where the spec does
     at_agent: dict[int, list[tuple[str, bytes]]] = field(default_factory=dict)
-    # push, PHsMax > 0: rank w's held handshake with D, the requests its writer parked on
-    # it (the spec's phs and claim), its held _deferred_push_inbox and what the handshake's
-    # callbacks queued there (the spec's defer)
-    p_held: dict[int, HeldHandshake] = field(default_factory=dict)
-    parked: dict[int, list[int]] = field(default_factory=dict)
-    p_inbox: dict[int, HeldInbox] = field(default_factory=dict)
-    deferred: dict[int, list[int]] = field(default_factory=dict)
+    # push, PHsMax > 0: rank w's lazy handshake with D (the spec's phs, claim and defer)
+    lazy: dict[int, LazyHandshake] = field(default_factory=dict)
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def __post_init__(self) -> None:
@@ -112,10 +106,8 @@ class ClockDriver:
     def close(self) -> None:
         # never leave an executor waiting on a seam; P's pending handshake with D fails, so
         # no parked WRITE reaches the pooled cluster's next trace
-        for p in self.p_held.values():
-            p.abandon()
-        for inbox in self.p_inbox.values():
-            inbox.restore()
+        for lazy in self.lazy.values():
+            lazy.close()
         for h in self.held:
             h.restore()
         self._stack.close()
@@ -204,72 +196,37 @@ class ClockDriver:
             raise MissingAction(f"push_match({r}, {w}): not possible now")
         nw = vd.c.nixl_worker(w)
         side = vd._push()
-        if w not in self.p_held:
+        if w not in self.lazy:
             if side.engine_id not in nw._remote_agents:
                 raise MissingAction(f"push_match({r}, {w}): rank {w} never handshook D")
-            self.p_held[w] = HeldHandshake(nw, side.engine_id, self.waits)
-            self.p_inbox[w] = HeldInbox(nw, self.waits)
-        elif self.p_held[w].state() == "done":
+            self.lazy[w] = LazyHandshake(nw, side.engine_id, self.waits)
+        elif self.lazy[w].held.state() == "done":
             raise MissingAction(f"push_match({r}, {w}): rank {w}'s handshake with D is done")
         # The pooled cluster's real handshake may have stamped D's engine on another clock;
         # on this one it was active now (else _ensure_handshake's stale-engine eviction
         # drops it, base_worker.py:3540-3569).
         nw._engine_last_active[side.engine_id] = self.clock.now
-        rid = req_id(r)
         vd.deliver_registration(r, w)
-        parked = self.parked.setdefault(w, [])
-        want = len(parked) + 2  # vLLM's done_callback, then one _on_handshake per match
-
-        def matched() -> bool:
-            fut = nw._handshake_futures.get(side.engine_id)
-            # Future keeps its callbacks in _done_callbacks until it completes: the only
-            # place to see that _do_start_push_kv attached this match's _on_handshake.
-            return (
-                fut is not None
-                and not fut.done()
-                and len(fut._done_callbacks) >= want
-                and rid not in nw._pending_d_registrations
-                and rid not in nw._push_finished_blocks
-            )
-
-        self.waits.until(matched, f"rank {w}'s writer to park {rid} on its handshake with D")
-        parked.append(r)
+        self.lazy[w].park(req_id(r))
 
     def push_handshake_done(self, w: int) -> None:
         """KVClock `push_handshake_done(w)`: rank w's held handshake with D completes; each
         `_on_handshake` queues its request on `_deferred_push_inbox` (push_worker.py:
         465-478), where the seam holds it from the writer: no WRITE yet."""
-        held = self.p_held.get(w)
-        if held is None or held.state() != "pending":
+        lazy = self.lazy.get(w)
+        if lazy is None or lazy.held.state() != "pending":
             raise MissingAction(f"push_handshake_done({w}): no handshake with D pending")
-        held.release()
-        parked = self.parked.pop(w, [])
-        what = f"rank {w}'s handshake callbacks to queue {parked}"
-        self.p_inbox[w].await_queued([req_id(r) for r in parked], what)
-        self.deferred.setdefault(w, []).extend(parked)
+        lazy.complete()
 
     def push_deferred(self, r: int, w: int) -> None:
         """KVClock `push_deferred(r, w)`: rank w's writer takes r from its inbox and
         re-drives it (push_worker.py:247-252 -> `_do_start_push_kv`): vLLM posts the real
         WRITE, lease reaped or not; the proposed fix (patches.push-lease-check) drops it."""
-        if r not in self.deferred.get(w, []):
+        lazy = self.lazy.get(w)
+        if lazy is None or req_id(r) not in lazy.deferred:
             raise MissingAction(f"push_deferred({r}, {w}): r is not on rank {w}'s inbox")
-        nw = self.vd.c.nixl_worker(w)
-        rid = req_id(r)
-        vars(nw).get("kvspec_dropped", set()).discard(rid)  # the fix's record, earlier trace
-        self.deferred[w].remove(r)
-        self.p_inbox[w].release(rid)
-        if self._await_deferred(nw, w, rid):
+        if lazy.drain(req_id(r)):
             self.vd.record_write(r, w)  # else dropped: the spec's rd says which it wanted
-
-    def _await_deferred(self, nw: Any, w: int, rid: str) -> bool:
-        """Rank w's writer re-drives rid once the handshake is done: True once it posted
-        the WRITE, False once the proposed fix (patches.push-lease-check) dropped it."""
-        def settled() -> bool:
-            return bool(write_handles(nw, rid)) or rid in vars(nw).get("kvspec_dropped", ())
-
-        self.waits.until(settled, f"rank {w}'s writer to re-drive {rid} after its handshake")
-        return bool(write_handles(nw, rid))
 
     def push_write_done(self, r: int, w: int) -> None:
         """KVClock `push_write_done(r, w)`: every WRITE handle of r on rank w is done and
