@@ -233,6 +233,10 @@ def _handshake_timed_out(sc: Scenario, events: list[Event], d_ids: list[str]) ->
             e.call == "handshake" and e.engine not in d_ids for e in events):  # fmt: skip
         # the staged fault fires only at P's WRITE: D's registration came after P's lease
         return "timeout: P never handshook D (D's registration came after P freed)"
+    if sc.p_handshake_late and any(s <= 0 for s in writes_after_free(events, "P")):
+        # the fault waits for the worker's reaper, then 2 s for the scheduler's free, which
+        # a loaded machine may take longer over: the staged order not reached, no verdict
+        return "timeout: P's held handshake ended before its scheduler freed the requests"
     return ""
 
 

@@ -133,8 +133,9 @@ def test_the_staged_run_is_admitted_by_the_producer_and_decode_sides(tmp_path: P
 def test_the_held_handshake_waits_for_the_reaper_then_runs_the_real_exchange() -> None:
     """FAULT_ENV "late:30": the exchange sleeps the lease, then until the rank's reaper
     reported every request (`_reqs_to_send` empty), then 2 s for the scheduler's free, and
-    only then runs vLLM's. A fake sleep stands for time; the reaper empties the dict on
-    the fifth poll. Negative control: a worker class not held handshakes at once."""
+    only then runs vLLM's. A fake sleep stands for time (wait_until polls every 0.5 s);
+    the reaper empties the dict on the fifth sleep. Negative control: a worker class not
+    held handshakes at once."""
     from kvspec.record.faults import hold_handshakes
 
     class Held(_Worker):
@@ -149,10 +150,10 @@ def test_the_held_handshake_waits_for_the_reaper_then_runs_the_real_exchange() -
         if len(slept) == 5:
             w._reqs_to_send.clear()  # the reaper reported p0
 
-    hold_handshakes(Held, 30.0, sleep)
+    hold_handshakes(Held, 30.0, sleep, lambda: sum(slept))
     hold_handshakes(Held, 30.0, sleep)  # idempotent: held once
     assert w._nixl_handshake("127.0.0.1", 5601, 1, "D") == "agents"
-    assert slept == [30.0, 0.1, 0.1, 0.1, 0.1, 2.0]
+    assert slept == [30.0, 0.5, 0.5, 0.5, 0.5, 2.0]
     slept.clear()
     assert _Worker()._nixl_handshake("h", 1, 1, "D") == "agents" and slept == []
 
@@ -164,9 +165,9 @@ def test_the_held_handshake_is_bounded_when_the_reaper_never_reports() -> None:
         _reqs_to_send = {"p0": 0.0}
 
     slept: list[float] = []
-    hold_handshakes(Held, 30.0, slept.append)
+    hold_handshakes(Held, 30.0, slept.append, lambda: sum(slept))
     assert Held()._nixl_handshake("h", 1, 1, "D") == "agents"
-    assert HOLD_CAP_S <= sum(slept) <= HOLD_CAP_S + 2.2
+    assert HOLD_CAP_S <= sum(slept) <= HOLD_CAP_S + 2.5
 
 
 def test_heartbeats_are_lost_and_completion_notifications_kept(
@@ -234,3 +235,22 @@ def test_the_late_scenario_starts_p_with_the_faults_and_both_with_a_small_pool(
     assert "kvspec.record.faults" not in d and FAULT_ENV not in d_env
     assert p[p.index("--num-blocks") + 1] == d[d.index("--num-blocks") + 1] == "64"
     assert "kvspec.record.faults" in f and FAULT_ENV not in f_env
+
+
+def test_a_late_write_staged_in_the_wrong_order_is_a_timeout_not_a_verdict() -> None:
+    """The fault's 2 s for the scheduler's free may fall short on a loaded machine: a
+    WRITE before the free is then no run of the staging, so `_handshake_timed_out` says
+    timeout (retried, inconclusive). Control: the WRITE after the free says nothing."""
+    from kvspec.scenario import _handshake_timed_out
+
+    sc = SCENARIOS["pd-push-p-handshake-late"]
+
+    def run(write_s: float) -> list[Event]:
+        hs = Event("P", "kv_both", "worker", 0, 1, 2, 0, int((write_s - 0.1) * 1e9),
+                   "handshake", result={"ok": True, "remote_engine": "D"})  # fmt: skip
+        w = Event("P", "kv_both", "worker", 0, 1, 2, 1, int(write_s * 1e9), "write",
+                  reqs=("p0",), result={"posted": True})  # fmt: skip
+        return sorted([_ev("P", "free_blocks", "p0", 30), hs, w], key=lambda e: e.t_ns)
+
+    assert _handshake_timed_out(sc, run(29.0), ["D"]).startswith("timeout: P's held")
+    assert _handshake_timed_out(sc, run(33.0), ["D"]) == ""

@@ -33,10 +33,12 @@ from __future__ import annotations
 import os
 import queue
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kvspec.record import connectors as _recording
 from kvspec.record.log import FAULT_ENV
+from kvspec.scenario_flows import wait_until
 
 # push mode: vLLM 0.32+ (kvspec.record.connectors defines it only there)
 _RecordedPush: Any = getattr(_recording, "NixlPushConnector", None)
@@ -67,7 +69,8 @@ def late_lease_s() -> float | None:
     return float(v.split(":", 1)[1]) if v.startswith("late:") else None
 
 
-def hold_handshakes(worker_class: Any, lease_s: float, sleep: Any = time.sleep) -> None:
+def hold_handshakes(worker_class: Any, lease_s: float, sleep: Callable[[float], None] = time.sleep,
+                    clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
     """Hold every handshake exchange of `worker_class`'s workers until the rank's reaper
     reported all its requests (at least `lease_s` after the exchange began; `HOLD_CAP_S`
     at most), then 2 s for the scheduler's free, then run the real exchange. Idempotent:
@@ -78,10 +81,8 @@ def hold_handshakes(worker_class: Any, lease_s: float, sleep: Any = time.sleep) 
 
     def held(self: Any, *args: Any, **kwargs: Any) -> Any:
         sleep(lease_s)
-        waited = lease_s
-        while self._reqs_to_send and waited < HOLD_CAP_S:
-            sleep(0.1)
-            waited += 0.1
+        wait_until(lambda: not self._reqs_to_send, HOLD_CAP_S - lease_s, clock=clock,
+                   sleep=sleep)  # fmt: skip
         sleep(2.0)
         return real(self, *args, **kwargs)
 
