@@ -40,7 +40,7 @@ lint: venv
 # their locks and the model's graphs equal TLC's, the fast matrix rows (known-bad ones must
 # fail), unit + reference conformance tests (every trace), then the real-vLLM conformance
 # suite on an even sample of each model's traces (VLLM_SAMPLE; `make test-full` replays all).
-VLLM_SAMPLE ?= --per-model 25
+VLLM_SAMPLE ?= --per-model 20
 PYTEST_MARK ?= not slow
 VLLM_PYTEST := $(VENV)/bin/pytest -q conformance/test_conformance.py conformance/test_random_walks.py --driver vllm
 
