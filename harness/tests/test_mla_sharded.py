@@ -87,3 +87,46 @@ def test_mla_caches_are_allocated_in_cpu_mla_kernel_blocks() -> None:
             assert float(cache[1].unique()) == 1.0  # the wrong block: logical 0's half
         finally:
             cache.copy_(saved)
+
+
+def _mla_backend(pinned: bool, amx: bool, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The MLA backend vLLM's selector picks for the fixture on a host with or without AMX
+    tiles (the NIXL worker's fallback when no layer is registered, kv_connector/utils.py
+    get_current_attn_backends), with the driver's pin or without it."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.attention import selector
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    selector._cached_get_attn_backend.cache_clear()  # keyed without the host's flags
+    api = vllm_env.vllm_api()
+    mcfg = api.ModelConfig(
+        model=str(vllm_env.MODELS["mla"]),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=vllm_env.MAX_MODEL_LEN,
+        seed=0,
+    )
+    kw = vllm_caches.pinned_attention(bool(mcfg.use_mla), "cpu") if pinned else {}
+    cfg = api.VllmConfig(model_config=mcfg, device_config=api.DeviceConfig("cpu"), **kw)
+    try:
+        with set_current_vllm_config(cfg):
+            backend = selector.get_attn_backend(
+                mcfg.get_head_size(), mcfg.dtype, cfg.cache_config.cache_dtype, use_mla=True
+            )
+    finally:
+        selector._cached_get_attn_backend.cache_clear()
+    return str(backend.get_name())
+
+
+def test_mla_backend_is_cpu_mla_on_any_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver pins CPU_MLA, so the kernel-split layout above is what every CI machine
+    replays. Negative control: unpinned, an AMX host gets AMX_MLA (platforms/cpu.py:151-164),
+    whose kernel block is the fixture's 32 tokens and splits nothing (this test's neighbour
+    failed that way on an AMX machine before the pin)."""
+    assert _mla_backend(True, True, monkeypatch) == "CPU_MLA"
+    assert _mla_backend(True, False, monkeypatch) == "CPU_MLA"
+    assert _mla_backend(False, False, monkeypatch) == "CPU_MLA"
+    assert _mla_backend(False, True, monkeypatch) == "AMX_MLA"
+    assert vllm_caches.pinned_attention(False, "cpu") == {}
+    assert vllm_caches.pinned_attention(True, "cuda") == {}

@@ -69,3 +69,24 @@ def _mla_spec(api: SimpleNamespace, cfg: Any) -> Any:
     }
     names = {f.name for f in dataclasses.fields(api.MLAAttentionSpec)}
     return api.MLAAttentionSpec(**{k: v for k, v in fields.items() if k in names})
+
+
+def pinned_attention(use_mla: bool, device: str) -> dict[str, Any]:
+    """VllmConfig keyword arguments that pin the MLA fixture to CPU_MLA on CPU. vLLM picks
+    the MLA backend by the host's CPU flags: AMX_MLA where torch sees AMX tiles, whose kernel
+    block is any multiple of 32 (amx_mla.py:133-134), else CPU_MLA, whose kernel is 16
+    (cpu_mla.py:67-72) (platforms/cpu.py:151-176, "Prefer AMX when available, unless
+    CPU_MLA was explicitly requested"). Pinned, every CI machine lays an MLA rank's cache
+    out the same way, in two kernel blocks per logical block (NIXL's kernel-split path),
+    and a verdict cannot change with the machine that replayed it. A release without
+    AttentionConfig or AMX_MLA has CPU_MLA as its only CPU MLA backend: nothing to pin."""
+    if not use_mla or device != "cpu":
+        return {}
+    try:
+        from vllm.config import AttentionConfig
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    except ImportError:
+        return {}
+    if "AMX_MLA" not in AttentionBackendEnum.__members__:
+        return {}
+    return {"attention_config": AttentionConfig(backend=AttentionBackendEnum.CPU_MLA)}

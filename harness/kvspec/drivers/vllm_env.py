@@ -334,6 +334,8 @@ def vllm_config(
         async_scheduling=async_scheduling,
         disable_hybrid_kv_cache_manager=disable_hma,
     )
+    from kvspec.drivers.vllm_caches import pinned_attention
+
     cfg = api.VllmConfig(
         model_config=mcfg,
         cache_config=cache,
@@ -341,6 +343,7 @@ def vllm_config(
         kv_transfer_config=ktc,
         device_config=api.DeviceConfig(device),
         speculative_config=spec,
+        **pinned_attention(bool(mcfg.use_mla), device),  # CPU_MLA on any CPU (vllm_caches)
     )
     cfg.cache_config.kv_cache_layout = "LBHNC"
     # The CPU platform forces an MLA model's block to CPU_MLA's 16 tokens at construction
