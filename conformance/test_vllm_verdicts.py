@@ -96,3 +96,28 @@ def test_shipped_vllm_frees_under_a_transfer_once_the_lease_passes(
 
     res = _replay(f"{model}/cex-NoFreeWhileInFlight", None, device, freed_mid_transfer)
     assert res.failure is None, res.failure
+
+
+def test_shipped_vllm_writes_from_freed_blocks_after_a_late_handshake(device: str) -> None:
+    """KVCompletion.tla push_match / push_deferred (untimed): P's writer parks r on its
+    lazy handshake with D, r's lease passes, the scheduler frees r's blocks, and then the
+    writer posts the parked WRITE from them (push_worker.py:247-252, 457-481). The
+    hand-picked regression replays to its end on vLLM 0.32 as shipped; real engines did
+    the same (conformance/recorded/pd-push-p-handshake-late)."""
+
+    def wrote_after_free(driver: Any) -> None:
+        assert driver.reads[(1, 0)].state == "inflight"
+        assert req_id(1) not in driver.sched.requests  # freed before the WRITE was posted
+
+    name = "pcp1-tp1-v0.30-shipped-nixl-push-untimed/cex-late-write-NoFreeWhileInFlight"
+    res = _replay(name, None, device, wrote_after_free)
+    assert res.failure is None, res.failure
+
+
+def test_push_lease_check_drops_the_late_write(device: str) -> None:
+    """Negative control: with the proposed fix (patches push-lease-check: the writer drops
+    a parked request its rank's reaper reported) the same trace diverges at the WRITE."""
+    name = "pcp1-tp1-v0.30-shipped-nixl-push-untimed/cex-late-write-NoFreeWhileInFlight"
+    res = _replay(name, "push-lease-check", device)
+    assert res.failure is not None
+    assert res.failure.action == "push_deferred(1, 0)"

@@ -355,7 +355,7 @@ push_write(r, w) ==
     /\ phs[w] = "done"
     \* (a request the writer matched was popped with its registration: D sends one)
     /\ r \notin defer[w]
-    /\ K!push_write(r, w)
+    /\ K!PushWritable(r, w) /\ K!PushPost(r, w)  \* (its own phs, not K's PHsDone)
     /\ qage' = [qage EXCEPT ![r] = IF \A v \in Sources \ {w} : Posted(r, v) THEN 0 ELSE @]
     /\ age' = [age EXCEPT ![r][w] = 0]
     /\ UNCHANGED <<pvars, ttl, land, sent, atD, seen, gone, hbAge, hs, hsAge, lost, hbq, hbf, pAge,

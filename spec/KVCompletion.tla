@@ -173,7 +173,8 @@ ReadSources == {w \in Ranks :
 \* HF3FS (with / without blocks).
 ReqStates == {"waiting", "running", "sending", "aborted-held", "aborted-empty", "freed"}
 Delayed == {"sending", "aborted-held", "aborted-empty"}
-ReadStates == {"none", "inflight", "done"}
+\* "parked": push only, the WRITE waits in P's handshake with D (push_match).
+ReadStates == {"none", "parked", "inflight", "done"}
 NoReports == [w \in Ranks |-> {}]
 StepRec == [batch : SUBSET Reqs, toSend : SUBSET Reqs, notProc : SUBSET Reqs,
             fin : SUBSET Reqs, jobs : SUBSET Reqs, flush : SUBSET Reqs, reused : SUBSET Reqs,
@@ -499,12 +500,54 @@ PushWritable(r, w) ==
     /\ rd[r][w] = "none"
     /\ r \in lease[w]
     /\ LiveFor(r, w)
-push_write(r, w) ==
-    /\ PushWritable(r, w)
+
+\* The WRITE of r from rank w is posted (KVClock's push_write posts with it too).
+PushPost(r, w) ==
     /\ rd' = [rd EXCEPT ![r][w] = "inflight"]
     /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif,
                    replQ, extra, store, stored, pend, unsub, jobs, fence, hb, agg, emits,
                    lateFinish, clobbered, published>>
+
+(* P's handshake with D is lazy (_do_start_push_kv -> _ensure_handshake,   *)
+(* push_worker.py:457-481): rank w's first match with a D engine starts it *)
+(* and parks the WRITE.  Rank w's handshake is done once it posted a WRITE *)
+(* (push_deferred posts the first); from then on a match posts at once.   *)
+(* (vLLM also re-handshakes after _evict_stale_engines dropped a D engine *)
+(* idle for engine_ttl, 3600 s; untimed, that is the same park.)          *)
+PHsDone(w) == \E r \in Reqs : rd[r][w] \in {"inflight", "done"}
+
+push_write(r, w) ==
+    /\ PushWritable(r, w)
+    /\ PHsDone(w)
+    /\ PushPost(r, w)
+
+(* Rank w's writer matches D's registration with r's blocks while its      *)
+(* handshake with D is pending: _do_start_push_kv attaches _on_handshake,  *)
+(* which holds r's blocks, and returns.  The blocks have left              *)
+(* _push_finished_blocks, so the reaper's eviction (266-276) no longer     *)
+(* reaches them, and r's lease may pass meanwhile (the wait is not a      *)
+(* transfer: nothing in flight).                                           *)
+push_match(r, w) ==
+    /\ PushWritable(r, w)
+    /\ ~PHsDone(w)
+    /\ rd' = [rd EXCEPT ![r][w] = "parked"]
+    /\ UNCHANGED <<req, needSend, notProc, finReqs, steps, toProcess, lease, expired, notif,
+                   replQ, extra, store, stored, pend, unsub, jobs, fence, hb, agg, emits,
+                   lateFinish, clobbered, published>>
+
+(* The handshake is done: _on_handshake queued r on _deferred_push_inbox   *)
+(* and the writer re-drives it (247-252 -> _do_start_push_kv) and posts    *)
+(* the WRITE.  Nothing on that path looks at _reqs_to_send or the lease:   *)
+(* untimed, r may have been reaped and freed meanwhile, and the WRITE reads *)
+(* freed blocks (KVClock's NoWriteFromFreed, recorded on real engines:     *)
+(* conformance/recorded/pd-push-p-handshake-late).  Guarded, the WRITE    *)
+(* starts only while r's lease is live, as every transfer does.  Not      *)
+(* fair: the handshake may fail (467-472 logs push_handshake_failed and    *)
+(* the lease reclaims the blocks).                                         *)
+push_deferred(r, w) ==
+    /\ rd[r][w] = "parked"
+    /\ Guarded => r \in lease[w] \ expired[w]
+    /\ PushPost(r, w)
 
 (* Every WRITE handle of r on rank w is done; _pop_done_transfers sees it  *)
 (* at w's next get_transfer_results and reports r if it is still tracked  *)
@@ -565,6 +608,8 @@ Next ==
     \/ \E r \in Reqs, w \in Ranks : consumer_start_load_kv(r, w)
     \/ \E r \in Reqs, w \in Ranks : consumer_get_finished(r, w)
     \/ \E r \in Reqs, w \in Ranks : push_write(r, w)
+    \/ \E r \in Reqs, w \in Ranks : push_match(r, w)
+    \/ \E r \in Reqs, w \in Ranks : push_deferred(r, w)
     \/ \E r \in Reqs, w \in Ranks : push_write_done(r, w)
     \/ \E r \in Reqs : heartbeat(r)
     \/ \E r \in Reqs, w \in Ranks : lease_expire(r, w)
@@ -586,7 +631,8 @@ Next ==
 (* fraction of TLC's liveness cost.                                        *)
 (* No fairness on abort (clients need not abort), consumer_start_load_kv   *)
 (* or push_write (a decode engine may never read or register: leases      *)
-(* exist for that case) or heartbeat.                                      *)
+(* exist for that case), push_match, push_deferred (P's handshake with D  *)
+(* may fail) or heartbeat.                                                 *)
 (***************************************************************************)
 \* Weak fairness with ENABLED <<A>>_vars replaced by a state predicate P:
 \* WF_vars(A) is []<>~ENABLED <<A>>_vars \/ []<><<A>>_vars; with P equal to

@@ -26,7 +26,8 @@
 (*  "recv"     the decode worker reports r in finished_recving (READ      *)
 (*             posted: see Match)                                          *)
 (*  "write"    push: producer rank w's writer thread posts r's WRITE       *)
-(*             (push_worker.py _xfer_blocks); silent where no write is     *)
+(*             (push_worker.py _xfer_blocks): push_write, or push_deferred *)
+(*             after a silent push_match; silent where no write is        *)
 (*             recorded                                                    *)
 (***************************************************************************)
 EXTENDS KVCompletion
@@ -85,7 +86,9 @@ Match(e) ==
             /\ rd[e.r][e.w] = "inflight"
             /\ UNCHANGED <<vars, arrived>>
       [] e.a = "write" ->
-            /\ push_write(e.r, e.w)
+            \* posted at the match (P's handshake with D done) or, the first on a rank,
+            \* once the lazy handshake ended (push_deferred; the match is silent)
+            /\ push_write(e.r, e.w) \/ push_deferred(e.r, e.w)
             /\ UNCHANGED arrived
       [] e.a = "recv" ->
             \* KVCompletion's consumer_get_finished is the READ's completion and its
@@ -93,7 +96,8 @@ Match(e) ==
             \* reports the READ done before the producer's agent has the notification
             \* (recorded: 1.1 s apart in conformance/recorded/pd-basic), so this
             \* observation only says the READ was posted.
-            /\ \E w \in Ranks : rd[e.r][w] # "none"
+            \* (push: a WRITE parked on P's handshake with D is not posted yet)
+            /\ \E w \in Ranks : rd[e.r][w] \in {"inflight", "done"}
             /\ UNCHANGED <<vars, arrived>>
 
 \* The recording has the producer's WRITEs (push, recorded since 2026-12-05): a WRITE is
@@ -103,7 +107,8 @@ WritesSeen == \E k \in 1 .. Len(Log) : Log[k].a = "write"
 \* Actions the recording does not see.
 Silent ==
     \/ \E r \in Reqs, w \in Ranks : consumer_get_finished(r, w)
-    \/ ~WritesSeen /\ \E r \in Reqs, w \in Ranks : push_write(r, w)
+    \/ ~WritesSeen /\ \E r \in Reqs, w \in Ranks : push_write(r, w) \/ push_deferred(r, w)
+    \/ \E r \in Reqs, w \in Ranks : push_match(r, w)
     \/ \E r \in Reqs, w \in Ranks : push_write_done(r, w)
     \/ \E r \in Reqs : heartbeat(r)
     \/ \E r \in Reqs, w \in Ranks : lease_expire(r, w)

@@ -285,15 +285,44 @@ def _transfer_done(s: State, r: int, w: int) -> State:
     return replace(s, rd=_set_rd(s, r, w, "done"), notif=_set_at(s.notif, w, s.notif[w] | {r}))
 
 
+def _push_writable(d: Defs, s: State, r: int, w: int) -> bool:
+    """PushWritable(r, w): D's registration and r's shipped blocks meet at rank w."""
+    return (
+        d.push
+        and s.req[r - 1] == "sending"
+        and w in d.read_sources
+        and s.rd[r - 1][w] == "none"
+        and r in s.lease[w]
+        and not (d.guarded and r in s.expired[w])  # LiveFor(r, w)
+    )
+
+
+def _phs_done(s: State, w: int) -> bool:
+    """PHsDone(w): rank w's lazy handshake with D is done once it posted a WRITE."""
+    return any(rd[w] in ("inflight", "done") for rd in s.rd)
+
+
 def push_write(d: Defs, s: State, r: int, w: int) -> State | None:
-    """push_write(r, w): producer rank w's writer thread WRITEs r (_do_start_push_kv)."""
-    if (
-        not d.push
-        or s.req[r - 1] != "sending"
-        or w not in d.read_sources
-        or s.rd[r - 1][w] != "none"
-        or r not in s.lease[w]
-        or (d.guarded and r in s.expired[w])  # LiveFor(r, w)
+    """push_write(r, w): rank w's writer matches D's registration and WRITEs r at once
+    (_do_start_push_kv with the handshake done)."""
+    if not _push_writable(d, s, r, w) or not _phs_done(s, w):
+        return None
+    return replace(s, rd=_set_rd(s, r, w, "inflight"))
+
+
+def push_match(d: Defs, s: State, r: int, w: int) -> State | None:
+    """push_match(r, w): the writer matches r while its handshake with D is pending and
+    parks the WRITE in _on_handshake (push_worker.py:457-481)."""
+    if not _push_writable(d, s, r, w) or _phs_done(s, w):
+        return None
+    return replace(s, rd=_set_rd(s, r, w, "parked"))
+
+
+def push_deferred(d: Defs, s: State, r: int, w: int) -> State | None:
+    """push_deferred(r, w): the handshake is done; the writer drains r from
+    _deferred_push_inbox and WRITEs it (247-252), freed or not (guarded: lease live)."""
+    if s.rd[r - 1][w] != "parked" or (
+        d.guarded and (r not in s.lease[w] or r in s.expired[w])
     ):
         return None
     return replace(s, rd=_set_rd(s, r, w, "inflight"))
@@ -342,6 +371,8 @@ ACTION_FNS: dict[str, ActionFn] = {
     "consumer_start_load_kv": consumer_start_load_kv,
     "consumer_get_finished": consumer_get_finished,
     "push_write": push_write,
+    "push_match": push_match,
+    "push_deferred": push_deferred,
     "push_write_done": push_write_done,
     "heartbeat": heartbeat,
     "lease_expire": lease_expire,

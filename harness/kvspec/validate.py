@@ -90,10 +90,12 @@ def composition(start: dict[str, object]) -> str:
     )
 
 
-def row_for(m: Mapped, variant: str) -> ModelRow:
+def row_for(m: Mapped, variant: str, timing: str = "guarded") -> ModelRow:
     """The model row of the recorded deployment: its topology, its requests, and as many
     KV slots as the recorded pool holds requests (mapping.kv_capacity), at least one and
-    at most one per request (where the recording does not say: one per request)."""
+    at most one per request (where the recording does not say: one per request).
+    `timing`: KVCompletion's Timing; "untimed" drops the guards that a transfer starts
+    only on a live lease (a run that broke them is then a behaviour, and a finding)."""
     s = m.start
     n = max(1, len(m.requests))
     cap = n if m.capacity is None else max(1, min(n, m.capacity))
@@ -103,6 +105,7 @@ def row_for(m: Mapped, variant: str) -> ModelRow:
         name=f"recorded-{variant}", variant=variant, composition=composition(s),
         topology=topo, requests=n, capacity=cap,
         async_scheduling=bool(s.get("async_scheduling", False)), transfer=transfer(s),
+        timing=timing,
     )  # fmt: skip
 
 
@@ -128,9 +131,10 @@ def trace_cfg(row: ModelRow) -> str:
     return "\n".join(lines) + "\n"
 
 
-def check_design(m: Mapped, variant: str, work: Path, timeout_s: float = 300) -> DesignVerdict:
+def check_design(m: Mapped, variant: str, work: Path, timeout_s: float = 300,
+                 timing: str = "guarded") -> DesignVerdict:  # fmt: skip
     try:
-        row = row_for(m, variant)
+        row = row_for(m, variant, timing)
     except ValueError as exc:  # an ASSUME this design rejects (matrix.py checks them)
         return DesignVerdict(variant, "inconclusive", detail=str(exc))
     d = work / variant

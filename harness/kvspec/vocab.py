@@ -19,6 +19,8 @@ ACTIONS: dict[str, tuple[str, ...]] = {
     "consumer_start_load_kv": ("r", "w"),
     "consumer_get_finished": ("r", "w"),
     "push_write": ("r", "w"),
+    "push_match": ("r", "w"),
+    "push_deferred": ("r", "w"),
     "push_write_done": ("r", "w"),
     "heartbeat": ("r",),
     "lease_expire": ("r", "w"),

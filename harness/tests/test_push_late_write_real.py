@@ -5,9 +5,11 @@ What the recording shows, without TLC: P freed both, then its handshake ended an
 WRITEs were posted, no heartbeat reached P's step, and the clock mapping puts P's
 handshake (`phs`) and both WRITEs after the free. With TLC (make test-full): the clock
 admits the run and flags it (NoWriteFromFreed), the proposed fix rejects it at the first
-WRITE, and KVTrace rejects it there on every design (KVCompletion's push WRITE needs the
-request held: the model's gap). Negative control for the mapping: pd-push-tp2, the same
-lazy handshake ending before the free, maps every WRITE before it."""
+WRITE. KVTrace rejects it there with the timing guards (Timing "guarded": a WRITE starts
+on a live lease) and, since KVCompletion has P's lazy handshake (push_match,
+push_deferred), admits it untimed, the WRITEs after the free included. Negative control
+for the mapping: pd-push-tp2, the same lazy handshake ending before the free, maps every
+WRITE before it."""
 
 from __future__ import annotations
 
@@ -86,3 +88,18 @@ def test_kvtrace_rejects_the_run_at_its_first_write(tmp_path: Path) -> None:
     if v.verdict == "inconclusive":
         pytest.skip(f"inconclusive: {v.detail}")
     assert (v.verdict, v.explained) == ("rejected", first)
+
+
+@pytest.mark.slow  # TLC: make test-full
+def test_kvtrace_untimed_admits_the_run_writes_after_the_free_included(tmp_path: Path) -> None:
+    """The gap the run showed is closed: untimed, the parked WRITEs (push_match, silent)
+    are posted after the free (push_deferred), every event explained."""
+    from kvspec.record.mapping import map_recording
+    from kvspec.validate import check_design
+
+    m = map_recording(_events())
+    v = check_design(m, "v0.30-shipped", tmp_path, timing="untimed")
+    if v.verdict == "inconclusive":
+        pytest.skip(f"inconclusive: {v.detail}")
+    assert META["kvtrace_untimed"] == "admitted"
+    assert (v.verdict, v.explained) == ("admitted", len(m.log))

@@ -97,6 +97,12 @@ class Driver(ABC):
     def push_write(self, r: int, w: int) -> None:
         raise MissingAction(f"push_write({r}, {w}): this driver does not drive push mode")
 
+    def push_match(self, r: int, w: int) -> None:
+        raise MissingAction(f"push_match({r}, {w}): this driver does not drive push mode")
+
+    def push_deferred(self, r: int, w: int) -> None:
+        raise MissingAction(f"push_deferred({r}, {w}): this driver does not drive push mode")
+
     def push_write_done(self, r: int, w: int) -> None:
         raise MissingAction(f"push_write_done({r}, {w}): this driver does not drive push mode")
 

@@ -180,7 +180,9 @@ class ClockDriver:
         driver's `push_write`; on a lease whose deadline passed too: the writer does not
         look at it, push_worker.py `_do_start_push_kv`)."""
         self._may_transfer(f"push_write({r}, {w})", r)
-        self.vd.push_write(r, w)
+        if not self.vd._push_writable(r, w):  # KVClock's K!PushWritable (its phs is its own)
+            raise MissingAction(f"push_write({r}, {w}): not possible now")
+        self.vd.write_now(r, w)
 
     def push_match(self, r: int, w: int) -> None:
         """KVClock `push_match(r, w)` (PHsMax > 0): D's PUSH_REG of r reaches rank w, whose
@@ -192,7 +194,7 @@ class ClockDriver:
         `push_handshake_done`)."""
         self._may_transfer(f"push_match({r}, {w})", r)
         vd = self.vd
-        if not vd._can_push_write(r, w):
+        if not vd._push_writable(r, w):
             raise MissingAction(f"push_match({r}, {w}): not possible now")
         nw = vd.c.nixl_worker(w)
         side = vd._push()

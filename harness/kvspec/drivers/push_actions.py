@@ -1,4 +1,5 @@
-"""The vLLM driver's push-mode actions (spec `push_write`, `push_write_done`) on the real
+"""The vLLM driver's push-mode actions (spec `push_write`, `push_match`, `push_deferred`,
+`push_write_done`) on the real
 NixlPushConnector; the cluster's push half is push_side.py."""
 
 from __future__ import annotations
@@ -6,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvspec.drivers.base import MissingAction
+from kvspec.drivers.push_seams import LazyHandshake
 from kvspec.drivers.push_side import PushSide, write_handles
 from kvspec.drivers.vllm_caches import logical_block
 from kvspec.drivers.vllm_inbox import Waits
@@ -21,31 +23,83 @@ class TransferCorrupted(AssertionError):
 
 class PushActions(VllmView):
     waits: Waits
+    lazy: dict[int, LazyHandshake]  # rank w -> its lazy handshake with D, this trace
 
     def _push(self) -> PushSide:
         side = self.c.push
         assert side is not None, "push action on a pull-mode cluster"
         return side
 
-    def _can_push_write(self, r: int, w: int) -> bool:
-        # KVCompletion.tla push_write: r is sending, w is a read source, no WRITE of r on
+    def _push_writable(self, r: int, w: int) -> bool:
+        # KVCompletion.tla PushWritable: r is sending, w is a read source, no WRITE of r on
         # w yet, and r's lease is installed on w and live.
         return self._may_start_transfer(r, w, "push", set(self.c.nixl_worker(w)._reqs_to_send))
+
+    def _phs_done(self, w: int) -> bool:
+        # KVCompletion.tla PHsDone(w): rank w posted a WRITE in this trace, so its lazy
+        # handshake with D is done (the pooled cluster's up-front one is taken back at the
+        # trace's first push_match: LazyHandshake).
+        return any(ww == w and rd.state != "parked" for (_, ww), rd in self.reads.items())
+
+    def _can_push_write(self, r: int, w: int) -> bool:
+        return self._push_writable(r, w) and self._phs_done(w)
+
+    def _can_push_match(self, r: int, w: int) -> bool:
+        return self._push_writable(r, w) and not self._phs_done(w)
+
+    def _can_push_deferred(self, r: int, w: int) -> bool:
+        # KVCompletion.tla push_deferred: r parked on w; guarded, its lease there is live.
+        rd = self.reads.get((r, w))
+        live = req_id(r) in self.c.nixl_worker(w)._reqs_to_send and not self._expired(w, r)
+        return rd is not None and rd.state == "parked" and (self.row.timing != "guarded" or live)
 
     def _can_push_write_done(self, r: int, w: int) -> bool:
         return self.row.transfer == "push" and self._in_flight(r, w)
 
     def push_write(self, r: int, w: int) -> None:
-        """Spec `push_write(r, w)` (KVCompletion.tla): the decode worker of w's tp rank
-        sends its PUSH_REG (NixlPushConnectorWorker.start_load_kv -> writer thread
-        `_send_registration_to_p`), it is delivered to rank w's agent, and rank w's writer
-        thread matches it with r's finished blocks and posts the WRITE
-        (`_handle_push_reg_notif` -> `_do_start_push_kv` -> `_xfer_blocks`)."""
+        """Spec `push_write(r, w)` (KVCompletion.tla): rank w's handshake with D is done;
+        the WRITE is posted at the match (`write_now`)."""
         if not self._can_push_write(r, w):
             raise MissingAction(f"push_write({r}, {w}): not possible now")
+        self.write_now(r, w)
+
+    def write_now(self, r: int, w: int) -> None:
+        """The decode worker of w's tp rank sends its PUSH_REG (NixlPushConnectorWorker.
+        start_load_kv -> writer thread `_send_registration_to_p`), it is delivered to rank
+        w's agent, and rank w's writer thread matches it with r's finished blocks and posts
+        the WRITE (`_handle_push_reg_notif` -> `_do_start_push_kv` -> `_xfer_blocks`)."""
         rid = req_id(r)
         nw = self.deliver_registration(r, w)
         self.waits.until(lambda: bool(write_handles(nw, rid)), f"rank {w}'s WRITE of {rid}")
+        self.record_write(r, w)
+
+    def push_match(self, r: int, w: int) -> None:
+        """Spec `push_match(r, w)`: D's PUSH_REG of r reaches rank w, whose writer matches
+        it while its handshake with D is pending and parks r's blocks in the handshake
+        future's `_on_handshake` (push_worker.py `_do_start_push_kv` -> `_ensure_handshake`,
+        457-481): no WRITE. The trace's first match on w takes the pooled cluster's
+        handshake back and holds the new exchange (push_seams.LazyHandshake)."""
+        if not self._can_push_match(r, w):
+            raise MissingAction(f"push_match({r}, {w}): not possible now")
+        if w not in self.lazy:
+            self.lazy[w] = LazyHandshake(self.c.nixl_worker(w), self._push().engine_id,
+                                         self.waits)  # fmt: skip
+        self.deliver_registration(r, w)
+        self.lazy[w].park(req_id(r))
+        self.reads[(r, w)] = Read("parked", r, int(self.params[r]["remote_block_ids"][0][0]))
+
+    def push_deferred(self, r: int, w: int) -> None:
+        """Spec `push_deferred(r, w)`: rank w's handshake with D completes (vLLM's
+        `_on_handshake` callbacks queue every parked request on `_deferred_push_inbox`),
+        and the writer drains r and posts its real WRITE (247-252), whether or not the
+        scheduler freed r's blocks meanwhile."""
+        if not self._can_push_deferred(r, w):
+            raise MissingAction(f"push_deferred({r}, {w}): r is not parked on rank {w}")
+        lazy = self.lazy[w]
+        if lazy.held.state() == "pending":
+            lazy.complete()
+        if not lazy.drain(req_id(r)):
+            raise MissingAction(f"push_deferred({r}, {w}): the writer dropped the WRITE")
         self.record_write(r, w)
 
     def record_write(self, r: int, w: int) -> None:

@@ -58,6 +58,12 @@ class ReferenceDriver(Driver):
     def push_write(self, r: int, w: int) -> None:
         self._do(Action("push_write", r, w))
 
+    def push_match(self, r: int, w: int) -> None:
+        self._do(Action("push_match", r, w))
+
+    def push_deferred(self, r: int, w: int) -> None:
+        self._do(Action("push_deferred", r, w))
+
     def push_write_done(self, r: int, w: int) -> None:
         self._do(Action("push_write_done", r, w))
 

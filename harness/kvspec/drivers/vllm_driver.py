@@ -124,6 +124,7 @@ class VllmDriver(PushActions, Driver):
         self.hb: set[int] = set()
         self.params: dict[int, dict[str, Any]] = {}  # kv_transfer_params from request_finished
         self.reads: dict[tuple[int, int], Read] = {}
+        self.lazy = {}
         self.jobmap = ov.JobMap()
         self.clobbered = False
         self.blocks: dict[int, frozenset[int]] = {}  # r -> block ids it was allocated
@@ -146,6 +147,9 @@ class VllmDriver(PushActions, Driver):
             setattr(child, name, wrapped)
 
     def close(self) -> None:
+        for lazy in getattr(self, "lazy", {}).values():
+            with contextlib.suppress(Exception):  # closing: the cluster is released below
+                lazy.close()
         if self._undo_patch is not None:
             undo, self._undo_patch = self._undo_patch, None
             undo()

@@ -82,7 +82,7 @@ class Step:
 
 @dataclass
 class Read:
-    state: str  # "inflight" | "done"
+    state: str  # "parked" (push: waiting on P's handshake with D) | "inflight" | "done"
     local_block: int
     remote_block: int
 
