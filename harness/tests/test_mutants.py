@@ -134,8 +134,9 @@ def test_unmutated_vllm_passes_the_extension_traces(base: Base) -> None:
         ("offload-replica-never-acks", "x-v0.30-shipped-offload-pcp2-1req/", None),
         # the WRITE in flight is reported done at once: freed under the WRITE
         ("push-reports-on-post", "x-v0.30-shipped-nixl-push-pcp1/", None),
-        # Timing untimed: the WRITE outlives its lease; reported again at step 14
-        ("push-expired-write-reported", "x-v0.30-shipped-nixl-push-untimed-2req/", 14),
+        # Timing untimed: the WRITE outlives its lease; reported again at step 15 (14 before
+        # the lazy handshake: a rank's first WRITE is push_match, push_deferred)
+        ("push-expired-write-reported", "x-v0.30-shipped-nixl-push-untimed-2req/", 15),
     ],
 )
 def test_mutant_is_killed(name: str, trace_prefix: str, step: int | None) -> None:
