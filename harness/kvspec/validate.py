@@ -181,10 +181,10 @@ class Validation:
 
 
 def validate_events(events: list[Event], work: Path,
-                    variants: tuple[str, ...] = VARIANTS,
-                    producer: str | None = None) -> Validation:  # fmt: skip
+                    variants: tuple[str, ...] = VARIANTS, producer: str | None = None,
+                    timing: str = "guarded") -> Validation:  # fmt: skip
     mapped = map_recording(events, producer=producer)
-    return Validation(mapped, [check_design(mapped, v, work) for v in variants])
+    return Validation(mapped, [check_design(mapped, v, work, timing=timing) for v in variants])
 
 
 def validate(trace_dir: Path, work: Path, variants: tuple[str, ...] = VARIANTS) -> Validation:
@@ -241,6 +241,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "included), or all three (each where the recording allows)")  # fmt: skip
     p.add_argument("--lease", type=int,
                    help="kv_lease_duration in s, for a recording that does not say it")  # fmt: skip
+    p.add_argument("--timing", choices=("guarded", "untimed"), default="guarded",
+                   help="the producer side's Timing: 'untimed' drops KVCompletion's guards "
+                        "that a transfer starts on a live lease (a run that broke them, "
+                        "e.g. a WRITE after the free, is then admitted: a finding)")  # fmt: skip
     p.add_argument("--engine", help="only this decode engine (default: each)")
     p.add_argument("--producer", help="only this producer engine (default: each; a "
                    "recording of xPyD engines has several)")
@@ -314,7 +318,8 @@ def _one_producer(events: list[Event], args: argparse.Namespace, s: Sides, work:
     producer = s.producer
     doc: dict[str, object] = {}
     if args.side in ("producer", "both"):
-        v = validate_events(events, work, tuple(args.variant or VARIANTS), producer)
+        v = validate_events(events, work, tuple(args.variant or VARIANTS), producer,
+                            args.timing)  # fmt: skip
         print_validation(v)
         doc |= {"producer": v.mapped.producer, "events": len(v.mapped.log),
                 "log": [event_line(e) for e in v.mapped.log],

@@ -103,3 +103,16 @@ def test_kvtrace_untimed_admits_the_run_writes_after_the_free_included(tmp_path:
         pytest.skip(f"inconclusive: {v.detail}")
     assert META["kvtrace_untimed"] == "admitted"
     assert (v.verdict, v.explained) == ("admitted", len(m.log))
+
+
+def test_the_cli_admits_the_run_untimed_only(tmp_path: Path) -> None:
+    """`kvspec validate --timing untimed` (one TLC run of 37 events each way, about 2 s):
+    exit 0 untimed; the guarded default rejects the run (exit 1), the negative control."""
+    from kvspec.cli import main
+
+    args = ["validate", str(RUN), "--side", "producer", "--variant", "v0.30-shipped"]
+    untimed = main([*args, "--work", str(tmp_path / "u"), "--timing", "untimed"])
+    guarded = main([*args, "--work", str(tmp_path / "g")])
+    if 2 in (untimed, guarded):  # TLC timed out twice: inconclusive, never a verdict
+        pytest.skip("inconclusive: TLC timed out")
+    assert (untimed, guarded) == (0, 1)
