@@ -49,9 +49,11 @@ class PushActions(VllmView):
 
     def _can_push_deferred(self, r: int, w: int) -> bool:
         # KVCompletion.tla push_deferred: r parked on w; guarded, its lease there is live.
+        # Runs for every (r, w) at every step (enabled()): the vLLM lookups only for a parked r.
         rd = self.reads.get((r, w))
-        live = req_id(r) in self.c.nixl_worker(w)._reqs_to_send and not self._expired(w, r)
-        return rd is not None and rd.state == "parked" and (self.row.timing != "guarded" or live)
+        if rd is None or rd.state != "parked" or self.row.timing != "guarded":
+            return rd is not None and rd.state == "parked"
+        return req_id(r) in self.c.nixl_worker(w)._reqs_to_send and not self._expired(w, r)
 
     def _can_push_write_done(self, r: int, w: int) -> bool:
         return self.row.transfer == "push" and self._in_flight(r, w)
@@ -86,7 +88,7 @@ class PushActions(VllmView):
                                          self.waits)  # fmt: skip
         self.deliver_registration(r, w)
         self.lazy[w].park(req_id(r))
-        self.reads[(r, w)] = Read("parked", r, int(self.params[r]["remote_block_ids"][0][0]))
+        self.record_write(r, w, "parked")
 
     def push_deferred(self, r: int, w: int) -> None:
         """Spec `push_deferred(r, w)`: rank w's handshake with D completes (vLLM's
@@ -102,10 +104,11 @@ class PushActions(VllmView):
             raise MissingAction(f"push_deferred({r}, {w}): the writer dropped the WRITE")
         self.record_write(r, w)
 
-    def record_write(self, r: int, w: int) -> None:
-        """The WRITE of r from rank w is posted: the spec's rd[r][w] = "inflight"."""
+    def record_write(self, r: int, w: int, state: str = "inflight") -> None:
+        """The WRITE of r from rank w is posted (the spec's rd[r][w] = "inflight"), or
+        parked on rank w's handshake with D ("parked")."""
         remote_block = int(self.params[r]["remote_block_ids"][0][0])
-        self.reads[(r, w)] = Read("inflight", r, remote_block)
+        self.reads[(r, w)] = Read(state, r, remote_block)
 
     def deliver_registration(self, r: int, w: int) -> Any:
         """D's worker for rank w sends r's PUSH_REG (start_load_kv -> the writer thread's

@@ -76,6 +76,7 @@ class VllmDriver(PushActions, Driver):
         self.N = row.requests
         self._undo_patch: Any = None
         self._cluster: Cluster | None = None
+        self.lazy = {}  # before the cluster: close() runs if building it fails
         if impl_patch is not None:
             patch = get_patch(impl_patch)  # an unknown patch fails before a cluster is built
         self._cluster = acquire(row, device, waits, decode_composition, decode_tp, model)
@@ -124,7 +125,6 @@ class VllmDriver(PushActions, Driver):
         self.hb: set[int] = set()
         self.params: dict[int, dict[str, Any]] = {}  # kv_transfer_params from request_finished
         self.reads: dict[tuple[int, int], Read] = {}
-        self.lazy = {}
         self.jobmap = ov.JobMap()
         self.clobbered = False
         self.blocks: dict[int, frozenset[int]] = {}  # r -> block ids it was allocated
@@ -147,7 +147,7 @@ class VllmDriver(PushActions, Driver):
             setattr(child, name, wrapped)
 
     def close(self) -> None:
-        for lazy in getattr(self, "lazy", {}).values():
+        for lazy in self.lazy.values():
             with contextlib.suppress(Exception):  # closing: the cluster is released below
                 lazy.close()
         if self._undo_patch is not None:
