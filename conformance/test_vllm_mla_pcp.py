@@ -19,12 +19,17 @@ from kvspec.traces import find_trace
 pytestmark = pytest.mark.vllm
 
 
-def _replay_mla(name: str, patch: str | None) -> Any:
+# CPU_MLA, and AMX_MLA in bfloat16: what vLLM runs on an AMX host (vllm_caches.amx_tiles
+# lays it out so on any host).
+FIXTURES = ["mla", "mla-amx"]
+
+
+def _replay_mla(name: str, patch: str | None, fixture: str = "mla") -> Any:
     from kvspec.drivers.vllm_driver import VllmDriver
 
     trace = load_trace(find_trace(name))
     assert trace.row.topology.pcp == 2
-    with VllmDriver(trace.row, impl_patch=patch, model="mla") as driver:
+    with VllmDriver(trace.row, impl_patch=patch, model=fixture) as driver:
         assert all(driver.c.nixl_worker(w).use_mla for w in range(driver.c.world_size))
         res = replay(driver, trace)
     if res.timeout is not None:  # a wait expired: no verdict either way
@@ -32,18 +37,21 @@ def _replay_mla(name: str, patch: str | None) -> Any:
     return res
 
 
-def test_shipped_vllm_with_mla_replays_the_stall_counterexample() -> None:
-    res = _replay_mla("pcp2-v0.30-shipped-nixl/cex-DelayedEventuallyFreed", None)
+@pytest.mark.parametrize("fixture", FIXTURES)
+def test_shipped_vllm_with_mla_replays_the_stall_counterexample(fixture: str) -> None:
+    res = _replay_mla("pcp2-v0.30-shipped-nixl/cex-DelayedEventuallyFreed", None, fixture)
     assert res.failure is None, res.failure
 
 
-def test_shipped_vllm_with_mla_diverges_from_fixed_at_the_replica_report() -> None:
+@pytest.mark.parametrize("fixture", FIXTURES)
+def test_shipped_vllm_with_mla_diverges_from_fixed_at_the_replica_report(fixture: str) -> None:
     # The negative control of the next test: the same trace, the unpatched code.
-    res = _replay_mla("conf-fixed-nixl-pcp2/003", None)
+    res = _replay_mla("conf-fixed-nixl-pcp2/003", None, fixture)
     assert res.failure is not None
     assert (res.failure.cls, res.failure.action) == (INCORRECT, "execute_model")
 
 
-def test_patched_vllm_with_mla_follows_fixed() -> None:
-    res = _replay_mla("conf-fixed-nixl-pcp2/003", "fix-53903")
+@pytest.mark.parametrize("fixture", FIXTURES)
+def test_patched_vllm_with_mla_follows_fixed(fixture: str) -> None:
+    res = _replay_mla("conf-fixed-nixl-pcp2/003", "fix-53903", fixture)
     assert res.failure is None, res.failure

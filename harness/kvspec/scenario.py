@@ -190,6 +190,8 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
         res.checks.append(Check(f"D's READ of request 2 stayed in flight while P hung (at "
                                 f"least {sc.hang_s:g} s), then failed", s is not None
                                 and s >= sc.hang_s, f"posted to failed: {s} s"))  # fmt: skip
+    if any(e.call == "kv_caches" for e in events):  # (recordings before 2026-12-06: none)
+        res.checks.append(_backend_check(events, p_ids + d_ids))
     t = time.monotonic()
     res.events = len(events)
     undecided = False
@@ -212,6 +214,20 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
     else:
         res.verdict = "pass" if all(c.ok for c in res.checks) else "fail"
     return res
+
+
+def _backend_check(events: list[Event], engines: list[str]) -> Check:
+    """The attention backend each engine's workers ran, as recorded at registration (the
+    recorder's kv_caches event: vLLM's own pick for the host, nothing pinned), and that P
+    and D ran the same one, as NIXL's handshake needs of CPU_ATTN (base_worker.py:
+    2520-2521)."""
+    seen = {eid: sorted({f"{e.result.get('backend')} (kernel block "
+                         f"{e.result.get('kernel_block')}, {e.result.get('dtype')})"
+                         for e in events if e.engine == eid and e.call == "kv_caches"})
+            for eid in engines}  # fmt: skip
+    ok = all(len(v) == 1 for v in seen.values()) and len({v[0] for v in seen.values()}) == 1
+    return Check("every engine ran one attention backend, the same", ok,
+                 "; ".join(f"{eid} {', '.join(v) or 'not recorded'}" for eid, v in seen.items()))
 
 
 def _handshake_timed_out(sc: Scenario, events: list[Event], d_ids: list[str]) -> str:

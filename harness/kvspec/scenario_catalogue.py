@@ -207,7 +207,8 @@ SCENARIOS = {
                  "decodes them", connector="NixlPushConnector", lease=30,
                  p_handshake_late=True, rejected_at="write", pool_blocks=64,
                  default=False),
-        Scenario("pd-mla", "P -> D over NIXL with an MLA model (DeepSeek-V2-shaped, CPU_MLA)",
+        Scenario("pd-mla", "P -> D over NIXL with an MLA model (DeepSeek-V2-shaped; the "
+                 "host's MLA backend: AMX_MLA in bfloat16 with AMX tiles, else CPU_MLA)",
                  model="mla", lease=120),
         Scenario("pd-abort", "P -> D, 3 requests; the client aborts the second on P at once",
                  requests=3, abort=(1,), lease=120),

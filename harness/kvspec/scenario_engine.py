@@ -53,9 +53,7 @@ def engine_args(a: argparse.Namespace) -> dict[str, Any]:
     return {
         **gpu,
         "model": a.model, "load_format": "dummy", "skip_tokenizer_init": True,
-        # CPU float32: bfloat16 + NIXL crashes the CPU AMX attention kernel (shared facts);
-        # CUDA bfloat16: its MLA backends refuse float32, FlashAttention too
-        "dtype": "bfloat16" if a.device == "cuda" else "float32",
+        "dtype": a.dtype if a.dtype != "auto" else engine_dtype(a.device, *_mla_and_amx(a)),
         "block_size": 32, "max_model_len": 256, "enforce_eager": True,
         "max_num_seqs": a.max_seqs, "enable_prefix_caching": False, "seed": 0,
         "tensor_parallel_size": a.tp, "async_scheduling": not a.sync, **pool,
@@ -67,6 +65,30 @@ def engine_args(a: argparse.Namespace) -> dict[str, Any]:
         "distributed_executor_backend": "uni" if a.tp * a.pcp == 1 else "mp",
         "kv_transfer_config": kv,
     }  # fmt: skip
+
+
+def engine_dtype(device: str, mla: bool, amx: bool) -> str:
+    """The dtype an engine runs. CUDA: bfloat16, since its MLA backends refuse float32,
+    FlashAttention too. CPU: float32, since bfloat16 + NIXL crashes CPU_ATTN's AMX kernel
+    (shared facts), except an MLA model on an AMX host: vLLM then runs AMX_MLA
+    (platforms/cpu.py:151-164), which loads bfloat16 weights only (amx_mla.py:125; float32
+    fails at load, "expect weight to be bfloat16, float16, int8, ..."), and runs P/D over
+    NIXL in bfloat16 (kvspec scenario pd-mla, measured on an AMX host)."""
+    return "bfloat16" if device == "cuda" or (mla and amx) else "float32"
+
+
+def _mla_and_amx(a: argparse.Namespace) -> tuple[bool, bool]:
+    """Is the model MLA (a DeepSeek-shaped config: kv_lora_rank), and does vLLM's CPU
+    platform see AMX tiles (its own test, platforms/cpu.py:152-155)?"""
+    from pathlib import Path
+
+    import torch
+    from vllm.platforms import CpuArchEnum, current_platform
+
+    cfg = json.loads((Path(a.model) / "config.json").read_text())
+    amx = (a.device == "cpu" and current_platform.get_cpu_architecture() == CpuArchEnum.X86
+           and bool(torch.cpu._is_amx_tile_supported()))  # fmt: skip
+    return "kv_lora_rank" in cfg, amx
 
 
 def _reply(obj: dict[str, Any]) -> None:
@@ -184,6 +206,8 @@ def main() -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--load-failure", choices=("fail", "recompute"), default=None,
                    help="kv_load_failure_policy (default: vLLM's)")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="auto: what the host's attention backend runs (engine_dtype)")
     p.add_argument("--max-seqs", type=int, default=8, help="max_num_seqs (run slots)")
     p.add_argument("--num-blocks", type=int, default=0,
                    help="KV pool size in blocks (num_gpu_blocks_override); 0: what fits")

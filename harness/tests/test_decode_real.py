@@ -78,6 +78,24 @@ def test_the_installed_decode_engine_conforms(row: str) -> None:
         pytest.skip(f"inconclusive (waits expired): {'; '.join(inconclusive[:3])}")
 
 
+@pytest.mark.parametrize(
+    "row", ["conf-decode-p2-d1-mla", pytest.param("conf-decode-p1-d2-mla", marks=pytest.mark.slow)]
+)
+def test_mla_rows_conform_with_amx_mla(row: str) -> None:
+    """vLLM's MLA backend on an AMX host, AMX_MLA in bfloat16 (one kernel block per block,
+    vllm_caches.amx_tiles makes any host lay it out so), admits the MLA decode traces
+    too: the verdicts above do not rest on CPU_MLA's kernel split (an even sample of 10
+    in make test; every trace with -m slow)."""
+    traces = _traces(row)
+    if row in SAMPLED:
+        traces = traces[:: max(1, len(traces) // 10)]
+    for name, srow, trace in traces:
+        res = replay_with_retry(trace, driver_for(srow, trace, mla="mla-amx"))  # type: ignore[arg-type]
+        assert res.divergence is None, (name, res)
+        if res.timeout is not None:
+            pytest.skip(f"inconclusive (waits expired): {name}: {res.timeout}")
+
+
 def test_a_full_hit_is_vllms_own_prefix_lookup_and_reads_nothing() -> None:
     """A trace whose request D admits as a full local hit (full_hit.py: an MTP drafter with
     its block drop off, prefix caching on, the prompt run once on D before): it runs at

@@ -1,9 +1,10 @@
 """The MLA fixture and PCP + DCP sharded mode on the real classes: vLLM computes each rank's
 identity itself (pcp_dcp_sharded, transfer_tp_rank, dcp_rank), every sharded rank
 publishes and serves, each decode rank reads exactly its own shard, and a READ of an MLA
-block (two CPU_MLA kernel blocks) copies the producer's bytes. Negative controls: the
-replicated PCP cluster keeps replicas silent; a cache viewed in logical blocks is not
-what NIXL registered."""
+block copies the producer's bytes, with either CPU MLA backend vLLM runs: CPU_MLA (two
+kernel blocks per block, float32) and AMX_MLA (one, bfloat16: an AMX host's default).
+Negative controls: the replicated PCP cluster keeps replicas silent; a cache viewed in
+logical blocks is not what NIXL registered; without AMX tiles the AMX pin falls back."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def _row(dcp: int) -> ModelRow:
 def test_pure_rank_layout() -> None:
     sharded, replicated = _row(2), _row(1)
     assert sharding.fixture_model(sharded, "kv2") == "mla"
+    assert sharding.fixture_model(sharded, "mla-amx") == "mla-amx"
     assert sharding.fixture_model(replicated, "kv2") == "kv2"
     # On CUDA only MLA attention supports PCP (v1/attention/backend.py:341-342, 1025).
     assert sharding.fixture_model(replicated, "kv2", "cuda") == "mla"
@@ -40,10 +42,11 @@ def test_pure_rank_layout() -> None:
     assert [sharding.transfer_rank(Topology(1, 1, 2), 1, w) for w in (0, 1)] == [0, 0]
 
 
-def test_sharded_ranks_each_serve_the_reader_of_their_own_shard() -> None:
-    with VllmDriver(_row(2)) as d:
+@pytest.mark.parametrize("fixture", ["mla", "mla-amx"])
+def test_sharded_ranks_each_serve_the_reader_of_their_own_shard(fixture: str) -> None:
+    with VllmDriver(_row(2), model=fixture) as d:
         c = d.c
-        assert c.model == "mla" and c.cfg.model_config.use_mla
+        assert c.model == fixture and c.cfg.model_config.use_mla
         for w in (0, 1):
             nw = c.nixl_worker(w)
             # vLLM's own __init__ derived these from the PCP group identity.
@@ -89,10 +92,27 @@ def test_mla_caches_are_allocated_in_cpu_mla_kernel_blocks() -> None:
             cache.copy_(saved)
 
 
-def _mla_backend(pinned: bool, amx: bool, monkeypatch: pytest.MonkeyPatch) -> str:
+def test_mla_caches_are_allocated_in_amx_mla_kernel_blocks() -> None:
+    """What an AMX host runs: AMX_MLA's kernel takes the fixture's 32-token block whole
+    (amx_mla.py:133-134), in bfloat16 (amx_mla.py:125), so a logical block is one kernel
+    block and NIXL's descriptors are the blocks themselves."""
+    with VllmDriver(_row(2), model="mla-amx") as d:
+        cache = next(iter(d.c.caches[0].values()))
+        assert d.c.nixl_worker(0).backend_name == "AMX_MLA"
+        assert int(d.c.nixl_worker(0).block_size) == vllm_env.BLOCK_SIZE
+        assert cache.shape[-2] == vllm_env.BLOCK_SIZE and str(cache.dtype) == "torch.bfloat16"
+        assert vllm_caches.logical_block(cache, 1).data_ptr() == cache[1].data_ptr()
+
+
+def _mla_backend(
+    fixture: str | None, amx: bool, monkeypatch: pytest.MonkeyPatch, tiles: bool = False
+) -> str:
     """The MLA backend vLLM's selector picks for the fixture on a host with or without AMX
     tiles (the NIXL worker's fallback when no layer is registered, kv_connector/utils.py
-    get_current_attn_backends), with the driver's pin or without it."""
+    get_current_attn_backends), with the driver's pin for `fixture` or without one (None),
+    inside the driver's `amx_tiles` or not."""
+    import contextlib
+
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.v1.attention import selector
@@ -107,26 +127,34 @@ def _mla_backend(pinned: bool, amx: bool, monkeypatch: pytest.MonkeyPatch) -> st
         max_model_len=vllm_env.MAX_MODEL_LEN,
         seed=0,
     )
-    kw = vllm_caches.pinned_attention(bool(mcfg.use_mla), "cpu") if pinned else {}
-    cfg = api.VllmConfig(model_config=mcfg, device_config=api.DeviceConfig("cpu"), **kw)
+    kw = {} if fixture is None else vllm_caches.pinned_attention(fixture, True, "cpu")
+    scope = vllm_caches.amx_tiles(fixture or "") if tiles else contextlib.nullcontext()
     try:
-        with set_current_vllm_config(cfg):
-            backend = selector.get_attn_backend(
-                mcfg.get_head_size(), mcfg.dtype, cfg.cache_config.cache_dtype, use_mla=True
-            )
+        with scope:
+            cfg = api.VllmConfig(model_config=mcfg, device_config=api.DeviceConfig("cpu"), **kw)
+            with set_current_vllm_config(cfg):
+                backend = selector.get_attn_backend(
+                    mcfg.get_head_size(), mcfg.dtype, cfg.cache_config.cache_dtype, use_mla=True
+                )
     finally:
         selector._cached_get_attn_backend.cache_clear()
     return str(backend.get_name())
 
 
-def test_mla_backend_is_cpu_mla_on_any_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The driver pins CPU_MLA, so the kernel-split layout above is what every CI machine
-    replays. Negative control: unpinned, an AMX host gets AMX_MLA (platforms/cpu.py:151-164),
-    whose kernel block is the fixture's 32 tokens and splits nothing (this test's neighbour
-    failed that way on an AMX machine before the pin)."""
-    assert _mla_backend(True, True, monkeypatch) == "CPU_MLA"
-    assert _mla_backend(True, False, monkeypatch) == "CPU_MLA"
-    assert _mla_backend(False, False, monkeypatch) == "CPU_MLA"
-    assert _mla_backend(False, True, monkeypatch) == "AMX_MLA"
-    assert vllm_caches.pinned_attention(False, "cpu") == {}
-    assert vllm_caches.pinned_attention(True, "cuda") == {}
+def test_mla_backend_is_the_fixtures_on_any_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver pins the backend, so the layouts above are what every CI machine
+    replays: "mla" is CPU_MLA on any host, "mla-amx" AMX_MLA on any host inside
+    `amx_tiles`. Negative controls: unpinned, an AMX host gets AMX_MLA (platforms/cpu.py:
+    151-164; this file's CPU_MLA layout test failed that way on an AMX machine before the
+    pin), and the AMX pin without `amx_tiles` on a host without tiles falls back to
+    CPU_MLA."""
+    for amx in (True, False):
+        assert _mla_backend("mla", amx, monkeypatch) == "CPU_MLA"
+        assert _mla_backend("mla-amx", amx, monkeypatch, tiles=True) == "AMX_MLA"
+    assert _mla_backend(None, False, monkeypatch) == "CPU_MLA"
+    assert _mla_backend(None, True, monkeypatch) == "AMX_MLA"
+    assert _mla_backend("mla-amx", False, monkeypatch) == "CPU_MLA"
+    assert vllm_caches.pinned_attention("mla", False, "cpu") == {}
+    assert vllm_caches.pinned_attention("mla", True, "cuda") == {}
+    assert vllm_caches.fixture_dtype("mla-amx", "float32") == "bfloat16"
+    assert vllm_caches.fixture_dtype("mla", "float32") == "float32"

@@ -177,3 +177,46 @@ def test_a_push_write_is_recorded_and_its_handle_returned(tmp_path: Path) -> Non
     got = [(e["call"], e["reqs"], e["result"]["remote_rank"], e["result"]["posted"])
            for e in _lines(tmp_path)]  # fmt: skip
     assert got == [("write", ["a"], 1, True), ("write", ["empty"], 1, False)]
+
+
+class _NixlWorkerShape:
+    """The NIXL worker's fields the kv_caches event reads (base_worker.py:855, :964)."""
+
+    backend_name = "AMX_MLA"
+    block_size = 32
+
+    def _read_blocks(self) -> None: ...
+
+
+class _Registers:
+    def __init__(self) -> None:
+        self.registered: dict[str, Any] = {}
+        self.connector_worker = _NixlWorkerShape()
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        self.registered = kv_caches
+
+
+class _RecordedRegisters(_Recording, _Registers):
+    def __init__(self, rec: Recorder) -> None:
+        _Registers.__init__(self)
+        self._kvspec_rec = rec
+
+
+def test_the_registered_caches_name_the_attention_backend(tmp_path: Path) -> None:
+    """vLLM's registration runs first; the event then names the backend, the kernel block
+    and the caches' dtype. Negative control: a worker without NIXL's fields is recorded as
+    unknown ("?", -1), and nothing is raised into vLLM."""
+    from types import SimpleNamespace
+
+    conn = _RecordedRegisters(Recorder("P", "kv_both", "worker", 0, 1, tmp_path))
+    caches = {"layer0": SimpleNamespace(dtype="torch.bfloat16")}  # a tensor's str(dtype)
+    conn.register_kv_caches(caches)
+    assert conn.registered is caches
+    got = next(e for e in _lines(tmp_path) if e["call"] == "kv_caches")["result"]
+    assert got == {"backend": "AMX_MLA", "kernel_block": 32, "dtype": "torch.bfloat16"}
+    bare = _RecordedRegisters(Recorder("D", "kv_both", "worker", 0, 1, tmp_path / "bare"))
+    bare.connector_worker = None  # type: ignore[assignment]
+    bare.register_kv_caches({})
+    got = next(e for e in _lines(tmp_path / "bare") if e["call"] == "kv_caches")["result"]
+    assert got == {"backend": "?", "kernel_block": -1, "dtype": "?"}

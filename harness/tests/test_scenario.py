@@ -421,3 +421,37 @@ def test_a_handshake_that_timed_out_under_load_is_a_timeout_not_a_verdict() -> N
     assert _handshake_timed_out(SCENARIOS["pd-d-tp2"], [], ["D", "D2"]) == ""
 
 
+
+
+def test_the_attention_backend_check_reads_the_recorders_kv_caches_events() -> None:
+    """Each engine's workers record the backend vLLM picked for the host at registration;
+    the scenario checks that P and D ran one and the same. Negative controls: P on
+    AMX_MLA and D on CPU_MLA fail it, and so does an engine that recorded none."""
+    from kvspec.record.log import Event
+    from kvspec.scenario import _backend_check
+
+    def kv(engine: str, rank: int, backend: str, kernel: int) -> Event:
+        return Event(engine, "kv_both", "worker", rank, 1, 7, 0, 1, "kv_caches",
+                     result={"backend": backend, "kernel_block": kernel,
+                             "dtype": "torch.bfloat16"})  # fmt: skip
+
+    same = _backend_check([kv("P", 0, "AMX_MLA", 32), kv("P", 1, "AMX_MLA", 32),
+                           kv("D", 0, "AMX_MLA", 32)], ["P", "D"])  # fmt: skip
+    assert same.ok, same
+    assert "P AMX_MLA (kernel block 32, torch.bfloat16)" in same.detail
+    split = _backend_check([kv("P", 0, "AMX_MLA", 32), kv("D", 0, "CPU_MLA", 16)], ["P", "D"])
+    assert not split.ok
+    missing = _backend_check([kv("P", 0, "CPU_ATTN", 32)], ["P", "D"])
+    assert not missing.ok and "D not recorded" in missing.detail
+
+
+def test_an_mla_engine_on_an_amx_host_runs_bfloat16() -> None:
+    """vLLM runs AMX_MLA for an MLA model on an AMX host, which loads bfloat16 weights only
+    (amx_mla.py:125; measured: float32 fails pd-mla at load). Elsewhere on CPU float32
+    (bfloat16 + NIXL crashes CPU_ATTN's AMX kernel); CUDA bfloat16."""
+    from kvspec.scenario_engine import engine_dtype
+
+    assert engine_dtype("cpu", mla=True, amx=True) == "bfloat16"
+    assert engine_dtype("cpu", mla=True, amx=False) == "float32"  # CPU_MLA
+    assert engine_dtype("cpu", mla=False, amx=True) == "float32"  # CPU_ATTN
+    assert engine_dtype("cuda", mla=False, amx=False) == "bfloat16"

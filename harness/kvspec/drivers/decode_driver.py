@@ -32,9 +32,10 @@ A READ the spec ends inside the step that posted it (InStepEnd) is ended by the 
 between that worker's start_load_kv and its get_transfer_results (`execute("w.r.p.done",
 ...)`), where a real forward's time would let it complete.
 
-MLA rows run a DeepSeek-V2-shaped fixture (vllm_env.MODELS["mla"]) on CPU_MLA's cache
-layout: with P TP > D TP, D reads one producer rank and sends the others notify-only "r:n"
-in the same start_load_kv (pull_worker.py:369-391), seen through the HeldReads seam.
+MLA rows run a DeepSeek-V2-shaped fixture (vllm_env.MODELS["mla"], CPU_MLA's cache layout;
+"mla-amx", AMX_MLA's): with P TP > D TP, D reads one producer rank and sends the others
+notify-only "r:n" in the same start_load_kv (pull_worker.py:369-391), seen through the
+HeldReads seam.
 
 FullHit rows run the deployment where 0.32 can take a full local prefix hit (full_hit.py:
 an MTP drafter with its block drop off, prefix caching on D), with D's prefix cache seeded
@@ -102,10 +103,11 @@ class DStep:
 class DecodeDriver:
     def __init__(
         self, row: SweepRow, device: str = "cpu", waits: Waits = DEFAULT_WAITS,
-        full_hits: frozenset[int] = frozenset(),
+        full_hits: frozenset[int] = frozenset(), mla: str = "mla",
     ) -> None:  # fmt: skip
         """`full_hits`: the requests the trace admits as full hits (full_hit.full_hits);
-        FullHit rows run full_hit.py's deployment and seed D's prefix cache with them."""
+        FullHit rows run full_hit.py's deployment and seed D's prefix cache with them.
+        `mla`: MLA rows' fixture ("mla-amx": AMX_MLA, an AMX host's, vllm_caches)."""
         c = row.consts
         if c["Composition"] not in DECODE or (c["FullHit"] and c["MLA"]):
             # A row this driver cannot build is unavailable here, not a divergence.
@@ -128,7 +130,7 @@ class DecodeDriver:
         self.comp = str(c["Composition"])
         # MLA rows run the DeepSeek-shaped fixture on both engines (vllm_env.MODELS), FullHit
         # rows the GLM-shaped one whose D has an MTP drafter (full_hit.py).
-        model = "mla" if c["MLA"] else full_hit.MODEL if c["FullHit"] else DEFAULT_MODEL
+        model = mla if c["MLA"] else full_hit.MODEL if c["FullHit"] else DEFAULT_MODEL
         self.full_hits = full_hits if c["FullHit"] else frozenset()
         self.p = VllmDriver(prow, device=device, waits=waits, decode_composition=self.comp,
                             decode_tp=self.T, model=model)  # fmt: skip

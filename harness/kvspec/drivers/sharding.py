@@ -17,7 +17,7 @@ def fixture_model(row: ModelRow, model: str, device: str = "cpu") -> str:
     (platforms/cuda.py:470) on an H200. The CPU backend does not check it, and the
     producer verdicts are the same with either fixture there (test_vllm_mla_pcp.py)."""
     if row.dcp > 1 or (device == "cuda" and row.topology.pcp > 1):
-        return "mla"
+        return model if model.startswith("mla") else "mla"  # "mla-amx" is MLA too
     return model
 
 

@@ -5,6 +5,8 @@ in the attention backend's kernel block size, and a logical block's view of them
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -71,15 +73,20 @@ def _mla_spec(api: SimpleNamespace, cfg: Any) -> Any:
     return api.MLAAttentionSpec(**{k: v for k, v in fields.items() if k in names})
 
 
-def pinned_attention(use_mla: bool, device: str) -> dict[str, Any]:
-    """VllmConfig keyword arguments that pin the MLA fixture to CPU_MLA on CPU. vLLM picks
+# The fixtures that run vLLM's AMX MLA backend: what vLLM picks on an AMX host.
+AMX_FIXTURES = frozenset({"mla-amx"})
+
+
+def pinned_attention(model: str, use_mla: bool, device: str) -> dict[str, Any]:
+    """VllmConfig keyword arguments that pin an MLA fixture's backend on CPU. vLLM picks
     the MLA backend by the host's CPU flags: AMX_MLA where torch sees AMX tiles, whose kernel
     block is any multiple of 32 (amx_mla.py:133-134), else CPU_MLA, whose kernel is 16
     (cpu_mla.py:67-72) (platforms/cpu.py:151-176, "Prefer AMX when available, unless
     CPU_MLA was explicitly requested"). Pinned, every CI machine lays an MLA rank's cache
-    out the same way, in two kernel blocks per logical block (NIXL's kernel-split path),
-    and a verdict cannot change with the machine that replayed it. A release without
-    AttentionConfig or AMX_MLA has CPU_MLA as its only CPU MLA backend: nothing to pin."""
+    out the same way and a verdict cannot change with the machine that replayed it: "mla"
+    runs CPU_MLA (two kernel blocks per logical block: NIXL's kernel-split path), "mla-amx"
+    AMX_MLA (one), on any host (`amx_tiles`). A release without AttentionConfig or AMX_MLA
+    has CPU_MLA as its only CPU MLA backend: nothing to pin."""
     if not use_mla or device != "cpu":
         return {}
     try:
@@ -88,5 +95,36 @@ def pinned_attention(use_mla: bool, device: str) -> dict[str, Any]:
     except ImportError:
         return {}
     if "AMX_MLA" not in AttentionBackendEnum.__members__:
+        if model in AMX_FIXTURES:
+            raise DriverUnavailable("this vLLM has no AMX_MLA backend")
         return {}
-    return {"attention_config": AttentionConfig(backend=AttentionBackendEnum.CPU_MLA)}
+    name = "AMX_MLA" if model in AMX_FIXTURES else "CPU_MLA"
+    return {"attention_config": AttentionConfig(backend=AttentionBackendEnum[name])}
+
+
+def fixture_dtype(model: str, plan_dtype: str) -> str:
+    """The fixture's dtype: the device plan's, except AMX_MLA's only one, bfloat16
+    (amx_mla.py:125 supported_dtypes; a real engine with float32 weights fails at load:
+    "expect weight to be bfloat16, float16, ..."), which is what an AMX host runs."""
+    return "bfloat16" if model in AMX_FIXTURES else plan_dtype
+
+
+@contextmanager
+def amx_tiles(model: str) -> Iterator[None]:
+    """While an AMX fixture's cluster is built: torch reports AMX tiles, as on an AMX host,
+    so vLLM's CPU platform keeps the AMX_MLA pin (without tiles it falls back to CPU_MLA,
+    platforms/cpu.py:151-176) and leaves the block size alone (:250-280). The backend the
+    NIXL worker picks at construction is cached by the selector under the pinned backend
+    (selector.py _cached_get_attn_backend), so nothing after the build reads the flag. The
+    driver runs no attention kernel, so no AMX instruction runs on a host without it."""
+    if model not in AMX_FIXTURES:
+        yield
+        return
+    import torch
+
+    real = torch.cpu._is_amx_tile_supported
+    torch.cpu._is_amx_tile_supported = lambda: True
+    try:
+        yield
+    finally:
+        torch.cpu._is_amx_tile_supported = real

@@ -54,7 +54,7 @@ from kvspec.drivers.native_threads import native_threads_niced
 from kvspec.drivers.push_side import PushSide
 from kvspec.drivers.sharding import fixture_model, sharded_decode_tp, transfer_rank
 from kvspec.drivers.vllm_adapters import transfer_results
-from kvspec.drivers.vllm_caches import allocate_caches, kv_cache_config
+from kvspec.drivers.vllm_caches import allocate_caches, amx_tiles, kv_cache_config
 from kvspec.drivers.vllm_consumers import (
     _check_registration,
     build_consumers,
@@ -442,7 +442,8 @@ def acquire(
             discard(c)
             raise
         return c
-    with native_threads_niced():  # NIXL's progress threads spin (native_threads)
+    # NIXL's progress threads spin (native_threads); an AMX fixture's backend (vllm_caches)
+    with native_threads_niced(), amx_tiles(fixture_model(row, model, device)):
         c = build_cluster(row, device, waits, decode, decode_tp, model)
     _LIVE.append(c)
     return c

@@ -36,10 +36,12 @@ TINY_MODEL = Path(str(files("kvspec") / "data" / "tiny-opt"))
 # replicated on every TP rank, notify-only to unread producer ranks, and the only model
 # PD may run with decode_context_parallel_size > 1 (config/vllm.py:1473-1491). "glm-mtp":
 # a GLM-4.5 shape with two MTP modules (plain GQA, 2 KV heads of 32): full_hit.py.
+# "mla-amx": the "mla" config as an AMX host runs it, vLLM's default there (vllm_caches).
 MODELS = {
     "kv2": TINY_MODEL,
     "kv1": Path(str(files("kvspec") / "data" / "tiny-opt-mqa")),
     "mla": Path(str(files("kvspec") / "data" / "tiny-deepseek-mla")),
+    "mla-amx": Path(str(files("kvspec") / "data" / "tiny-deepseek-mla")),
     "glm-mtp": Path(str(files("kvspec") / "data" / "tiny-glm-mtp")),
 }
 DEFAULT_MODEL = "kv2"
@@ -277,6 +279,8 @@ def vllm_config(
     ~2170-2192). `transfer`: the spec's Transfer ("push": NixlPushConnector). `model`: the fixture
     (MODELS). `dcp`: decode_context_parallel_size. `speculative`: the ModelConfig -> its
     SpeculativeConfig, with prefix caching on (full_hit.py's deployment)."""
+    from kvspec.drivers.vllm_caches import fixture_dtype, pinned_attention
+
     if model not in MODELS:
         raise DriverUnavailable(f"no fixture model {model!r} ({sorted(MODELS)})")
     plan = device_plan(device)
@@ -318,7 +322,7 @@ def vllm_config(
     mcfg = api.ModelConfig(
         model=str(MODELS[model]),
         skip_tokenizer_init=True,
-        dtype=plan.dtype,
+        dtype=fixture_dtype(model, plan.dtype),
         max_model_len=MAX_MODEL_LEN,
         seed=0,
     )
@@ -334,8 +338,6 @@ def vllm_config(
         async_scheduling=async_scheduling,
         disable_hybrid_kv_cache_manager=disable_hma,
     )
-    from kvspec.drivers.vllm_caches import pinned_attention
-
     cfg = api.VllmConfig(
         model_config=mcfg,
         cache_config=cache,
@@ -343,7 +345,7 @@ def vllm_config(
         kv_transfer_config=ktc,
         device_config=api.DeviceConfig(device),
         speculative_config=spec,
-        **pinned_attention(bool(mcfg.use_mla), device),  # CPU_MLA on any CPU (vllm_caches)
+        **pinned_attention(model, bool(mcfg.use_mla), device),  # host-independent (vllm_caches)
     )
     cfg.cache_config.kv_cache_layout = "LBHNC"
     # The CPU platform forces an MLA model's block to CPU_MLA's 16 tokens at construction

@@ -376,6 +376,17 @@ class _Recording:
             except Exception as exc:  # noqa: BLE001 - never raise into vLLM
                 self._kvspec_rec.emit("recorder_note", note=f"handshakes not recorded: {exc!r}")
 
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        super().register_kv_caches(kv_caches)  # type: ignore[misc]
+        try:  # the attention backend vLLM picked for this host, as NIXL registered it
+            w = _nixl_worker(self)
+            t = next(iter(kv_caches.values()), None)
+            self._kvspec_rec.emit("kv_caches", backend=str(getattr(w, "backend_name", "?")),
+                                  kernel_block=int(getattr(w, "block_size", -1)),
+                                  dtype=str(getattr(t, "dtype", "?")))  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - never raise into vLLM
+            self._kvspec_rec.emit("recorder_error", where="register_kv_caches", error=repr(exc))
+
     # MultiConnector.request_finished_all_groups calls self.request_finished when a child
     # lacks HMA (multi_connector.py:595-607): one finish, recorded once, at the outer call.
     _kvspec_finishing = False

@@ -51,10 +51,13 @@ producer worker's `_handle_heartbeat`, stamped at entry: `reqs` the payload,
 worker's NIXL handshake with a remote engine, `_nixl_handshake`, stamped at its end, on
 the handshake thread: `result.remote_engine`, `result.ok`, `result.started_ns`, and
 `result.error` where it raised: vLLM then logs handshake_setup_failed and fails the
-requests waiting on it; since 2026-12-05). The scheduler's `start`
+requests waiting on it; since 2026-12-05) and `kv_caches` (a worker's
+`register_kv_caches`: the attention backend vLLM picked for the host as NIXL saw it,
+`result.backend`, `kernel_block`: its block size after the kernel sync, `dtype`: the
+caches'; since 2026-12-06). The scheduler's `start`
 event describes the deployment (`result.connector`, `children`: MultiConnector's children
 in their order, `tp`, `pp`, `pcp`, `async_scheduling`, `vllm`, `lease`: kv_lease_duration
-in s, `kv_load_failure_policy`). Sets of ids are written sorted; lists keep their order.
+in s, `kv_load_failure_policy`, `mla`). Sets of ids are written sorted; lists keep their order.
 """
 
 from __future__ import annotations
