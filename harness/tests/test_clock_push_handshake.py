@@ -290,13 +290,13 @@ def test_the_writer_posts_a_parked_write_only_when_the_spec_drains_it() -> None:
     try:
         with _prefix_driver("push_handshake_done") as driver:
             nw = driver.vd.c.nixl_worker(0)
-            assert write_handles(nw, rid) == [] and driver.lazy[0].inbox.held() == [rid]
+            assert write_handles(nw, rid) == [] and driver.vd.lazy[0].inbox.held() == [rid]
             driver.push_deferred(1, 0)
             assert write_handles(nw, rid)
         with _prefix_driver("push_match") as driver:
             nw = driver.vd.c.nixl_worker(0)
-            driver.lazy[0].inbox.restore()  # the writer's own queue: no seam
-            driver.lazy[0].held.release()
+            driver.vd.lazy[0].inbox.restore()  # the writer's own queue: no seam
+            driver.vd.lazy[0].held.release()
             driver.waits.until(lambda: bool(write_handles(nw, rid)), "the ungated WRITE")
     except WaitTimeout as exc:
         pytest.skip(f"inconclusive: {exc}")

@@ -61,7 +61,6 @@ from kvspec.drivers.lease_driver import (
     controlled_clock,
     mark_consumers_active,
 )
-from kvspec.drivers.push_seams import LazyHandshake
 from kvspec.drivers.vllm_driver import VllmDriver
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
 from kvspec.drivers.vllm_view import req_id
@@ -88,8 +87,6 @@ class ClockDriver:
     # push: heartbeat messages at rank w's agent that its writer thread has not read (the
     # spec's hbq), held here so that the writer forwards them only where the spec does
     at_agent: dict[int, list[tuple[str, bytes]]] = field(default_factory=dict)
-    # push, PHsMax > 0: rank w's lazy handshake with D (the spec's phs, claim and defer)
-    lazy: dict[int, LazyHandshake] = field(default_factory=dict)
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def __post_init__(self) -> None:
@@ -104,10 +101,8 @@ class ClockDriver:
         mark_consumers_active(self.vd, self.clock.now)
 
     def close(self) -> None:
-        # never leave an executor waiting on a seam; P's pending handshake with D fails, so
-        # no parked WRITE reaches the pooled cluster's next trace
-        for lazy in self.lazy.values():
-            lazy.close()
+        # never leave an executor waiting on a seam (P's lazy handshakes with D: VllmDriver
+        # closes them, so no parked WRITE reaches the pooled cluster's next trace)
         for h in self.held:
             h.restore()
         self._stack.close()
@@ -196,26 +191,22 @@ class ClockDriver:
         vd = self.vd
         if not vd._push_writable(r, w):
             raise MissingAction(f"push_match({r}, {w}): not possible now")
-        nw = vd.c.nixl_worker(w)
-        side = vd._push()
-        if w not in self.lazy:
-            if side.engine_id not in nw._remote_agents:
-                raise MissingAction(f"push_match({r}, {w}): rank {w} never handshook D")
-            self.lazy[w] = LazyHandshake(nw, side.engine_id, self.waits)
-        elif self.lazy[w].held.state() == "done":
+        nw, d_engine, lazy = vd.c.nixl_worker(w), vd._push().engine_id, vd.lazy.get(w)
+        if lazy is None and d_engine not in nw._remote_agents:
+            raise MissingAction(f"push_match({r}, {w}): rank {w} never handshook D")
+        if lazy is not None and lazy.held.state() == "done":
             raise MissingAction(f"push_match({r}, {w}): rank {w}'s handshake with D is done")
         # The pooled cluster's real handshake may have stamped D's engine on another clock;
         # on this one it was active now (else _ensure_handshake's stale-engine eviction
         # drops it, base_worker.py:3540-3569).
-        nw._engine_last_active[side.engine_id] = self.clock.now
-        vd.deliver_registration(r, w)
-        self.lazy[w].park(req_id(r))
+        nw._engine_last_active[d_engine] = self.clock.now
+        vd.park_match(r, w)  # the spec's claim is KVClock's own: vd.reads stays as it was
 
     def push_handshake_done(self, w: int) -> None:
         """KVClock `push_handshake_done(w)`: rank w's held handshake with D completes; each
         `_on_handshake` queues its request on `_deferred_push_inbox` (push_worker.py:
         465-478), where the seam holds it from the writer: no WRITE yet."""
-        lazy = self.lazy.get(w)
+        lazy = self.vd.lazy.get(w)
         if lazy is None or lazy.held.state() != "pending":
             raise MissingAction(f"push_handshake_done({w}): no handshake with D pending")
         lazy.complete()
@@ -224,7 +215,7 @@ class ClockDriver:
         """KVClock `push_deferred(r, w)`: rank w's writer takes r from its inbox and
         re-drives it (push_worker.py:247-252 -> `_do_start_push_kv`): vLLM posts the real
         WRITE, lease reaped or not; the proposed fix (patches.push-lease-check) drops it."""
-        lazy = self.lazy.get(w)
+        lazy = self.vd.lazy.get(w)
         if lazy is None or req_id(r) not in lazy.deferred:
             raise MissingAction(f"push_deferred({r}, {w}): r is not on rank {w}'s inbox")
         if lazy.drain(req_id(r)):

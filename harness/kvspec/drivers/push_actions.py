@@ -83,12 +83,18 @@ class PushActions(VllmView):
         handshake back and holds the new exchange (push_seams.LazyHandshake)."""
         if not self._can_push_match(r, w):
             raise MissingAction(f"push_match({r}, {w}): not possible now")
+        self.park_match(r, w)
+        self.record_write(r, w, "parked")
+
+    def park_match(self, r: int, w: int) -> None:
+        """What every push_match drives (this driver's and the clock driver's): the trace's
+        first match on w takes the pooled handshake back and holds the new exchange
+        (LazyHandshake), D's registration of r reaches rank w and its writer parks r."""
         if w not in self.lazy:
             self.lazy[w] = LazyHandshake(self.c.nixl_worker(w), self._push().engine_id,
                                          self.waits)  # fmt: skip
         self.deliver_registration(r, w)
         self.lazy[w].park(req_id(r))
-        self.record_write(r, w, "parked")
 
     def push_deferred(self, r: int, w: int) -> None:
         """Spec `push_deferred(r, w)`: rank w's handshake with D completes (vLLM's
