@@ -33,6 +33,7 @@ from kvspec.scenario_flows import (
     failed_read_s,
     free_port,
     frees_of,
+    go_file,
     heartbeat_extended,
     held_after_d_finished,
     prompts,
@@ -79,7 +80,7 @@ def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
     if eid.startswith("P") and (sc.p_handshake_fails or sc.p_handshake_late):
         args += ["--connector-module", "kvspec.record.faults"]  # it stages them
     if eid.startswith("P") and sc.p_handshake_late:
-        env[FAULT_ENV] = f"late:{sc.lease or 30}"
+        env[FAULT_ENV] = f"late:{sc.lease or 30}" + (f":{go_file(logs)}" if sc.p_reuse else "")
 
     return EngineProc(args, env, logs / f"{eid}.log", grace_s)
 
@@ -98,8 +99,8 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
     model.mkdir(parents=True, exist_ok=True)
     (model / "config.json").write_text(json.dumps(MODEL_CONFIGS[sc.model]))
     rec = out / "record"
-    for f in rec.glob("*.ndjson"):
-        f.unlink()
+    for f in [*rec.glob("*.ndjson"), go_file(out)]:
+        f.unlink(missing_ok=True)
     p_ids, d_ids = sc.engine_ids()
     for eid in p_ids + d_ids:  # the ExampleConnector children's stores (MultiConnector)
         shutil.rmtree(out / f"example-{eid}", ignore_errors=True)
@@ -127,10 +128,11 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
             _xpyd(sc, engines[:len(p_ids)], engines[len(p_ids):], ps, res, step_s)
         else:
             _one_pair(sc, engines, ps, res, step_s, lambda: frees("P-scheduler-*.ndjson"),
-                      lambda: _count(rec, "P-worker-*.ndjson", "write"))
+                      lambda: _count(rec, "P-worker-*.ndjson", "write"), go_file(out))
         # every request freed, but the one a crashed producer held
-        # (and the request that nudged a late-WRITEing P, freed at its lease)
-        want = (sc.requests - len(sc.abort)) * sc.p_n - sc.p_crashes + sc.p_handshake_late
+        # (and the requests that nudged a late-WRITEing P, or reused its blocks: at their lease)
+        want = (sc.requests - len(sc.abort)) * sc.p_n - sc.p_crashes + (
+            sc.p_reuse or int(sc.p_handshake_late))
         if not wait_until(lambda: frees() >= want, step_s):
             raise EngineTimeout(f"producer did not free {sc.requests} requests in {step_s:.0f} s")
     except EngineTimeout as exc:
@@ -192,6 +194,9 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
                                 and s >= sc.hang_s, f"posted to failed: {s} s"))  # fmt: skip
     if any(e.call == "kv_caches" for e in events):  # (recordings before 2026-12-06: none)
         res.checks.append(_backend_check(events, p_ids + d_ids))
+    kv = kv_bytes_check(events, sc.p_reuse > 0)
+    if kv is not None:
+        res.checks.append(kv)
     t = time.monotonic()
     res.events = len(events)
     undecided = False
@@ -228,6 +233,31 @@ def _backend_check(events: list[Event], engines: list[str]) -> Check:
     ok = all(len(v) == 1 for v in seen.values()) and len({v[0] for v in seen.values()}) == 1
     return Check("every engine ran one attention backend, the same", ok,
                  "; ".join(f"{eid} {', '.join(v) or 'not recorded'}" for eid, v in seen.items()))
+
+
+def kv_bytes_check(events: list[Event], reused: bool) -> Check | None:
+    """The KV D received against the KV P computed, request by request: the recorder's
+    kv_digest events (P's "sent" at its finish, push mode; D's "received" at its
+    report), paired by request id less vLLM's random suffix (push runs D's requests under
+    P's ids). Engines of one rank only (with more, each rank holds its share of the
+    heads). None where nothing pairs (pull: P's worker never sees its blocks). `reused`:
+    P reused the freed blocks before its late WRITEs, so every pair must differ."""
+    if any(e.world > 1 for e in events if e.call == "kv_digest"):
+        return None
+    kv = [e for e in events if e.call == "kv_digest" and e.reqs]
+    sent = {e.reqs[0].rsplit("-", 1)[0]: e.result.get("digest") for e in kv
+            if e.result.get("side") == "sent"}  # fmt: skip
+    pairs = [(r, sent[r], e.result.get("digest")) for e in kv
+             if e.result.get("side") == "received" and (r := e.reqs[0].rsplit("-", 1)[0]) in sent]
+    if not pairs:
+        return None
+    same = [s is not None and s == d for _, s, d in pairs]
+    detail = "; ".join(f"{r}: P {s}, D {d}" for r, s, d in pairs)
+    if reused:
+        return Check("D received other prompts' KV (P's digest at its finish differs from "
+                     "D's at its receive, every request)", not any(same), detail)
+    return Check("D received the KV bytes P computed (digest at P's finish = at D's "
+                 "receive, every request)", all(same), detail)
 
 
 def _handshake_timed_out(sc: Scenario, events: list[Event], d_ids: list[str]) -> str:

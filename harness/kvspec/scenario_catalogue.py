@@ -108,6 +108,11 @@ class Scenario:
     # heartbeats are lost at P (kvspec.record.faults, "late:"): P's writer WRITEs blocks
     # it already freed (KVClock NoWriteFromFreed, the hand-off row's counterexample)
     p_handshake_late: bool = False
+    # with p_handshake_late: P/D requests P takes once its lease freed the late ones, before
+    # its held handshake ends (the fault waits for the scenario's go): with a pool of just
+    # the late requests' blocks, they prefill into the freed blocks, and the late WRITEs
+    # carry their KV to D (never read by D, they keep P stepping until their own lease)
+    p_reuse: int = 0
     # KVTrace rejects the run, on every design, at its first spec event of this kind: a
     # behaviour of vLLM's that KVCompletion lacks (a model gap the run shows, checked so
     # that a model that gains it flips the check); "": the designs in `admits` admit it
@@ -145,6 +150,8 @@ class Scenario:
         if (self.p_handshake_fails or self.p_handshake_late) and \
                 self.connector != "NixlPushConnector":  # fmt: skip
             raise ValueError(f"{self.name}: P handshakes D only in push mode (to WRITE)")
+        if self.p_reuse and not self.p_handshake_late:
+            raise ValueError(f"{self.name}: P reuses freed blocks before a late WRITE only")
         if self.connector == "NixlPushConnector" and (self.queued or self.kv_blocks):
             # push pairs D's registration with P's blocks by request id: D's P/D requests
             # must carry P's ids (scenario_flows._one_pair), which a queue of D's own
@@ -207,6 +214,14 @@ SCENARIOS = {
                  "decodes them", connector="NixlPushConnector", lease=30,
                  p_handshake_late=True, rejected_at="write", pool_blocks=64,
                  default=False),
+        # the same, and P prefills two more P/D requests into the freed blocks before its
+        # handshake ends: the end-to-end cost of KVClock NoWriteFromFreed, wrong KV at D
+        Scenario("pd-push-p-handshake-late-reuse", "pd-push-p-handshake-late with P's pool "
+                 "just big enough for the two requests: once its lease freed them, P "
+                 "prefills two other P/D requests into the same blocks, then its writer "
+                 "WRITEs the freed blocks to D, which decodes another prompt's KV",
+                 connector="NixlPushConnector", lease=30, p_handshake_late=True, p_reuse=2,
+                 rejected_at="write", pool_blocks=5, default=False),
         Scenario("pd-mla", "P -> D over NIXL with an MLA model (DeepSeek-V2-shaped; the "
                  "host's MLA backend: AMX_MLA in bfloat16 with AMX tiles, else CPU_MLA)",
                  model="mla", lease=120),

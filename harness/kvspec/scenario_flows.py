@@ -10,6 +10,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kvspec.record.log import Event
@@ -50,9 +51,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def prompts(n: int) -> list[list[int]]:
-    """n distinct prompts of 40 tokens (two 32-token blocks, the second partial)."""
-    return [[3 + (7 * i + j) % 500 for j in range(40)] for i in range(n)]
+def prompts(n: int, shift: int = 0) -> list[list[int]]:
+    """n distinct prompts of 40 tokens (two 32-token blocks, the second partial); `shift`:
+    other tokens of the fixtures' vocabulary (512)."""
+    return [[3 + (7 * i + j + shift) % 500 for j in range(40)] for i in range(n)]
+
+
+def go_file(out: Path) -> Path:
+    """The file a scenario creates to end P's held handshake (faults.late_go_file)."""
+    return out / "p-handshake.go"
 
 
 def frees_of(events: list[Event], engine: str) -> tuple[int | None, int | None, set[str]]:
@@ -123,10 +130,12 @@ def wait_until(pred: Callable[[], bool], timeout_s: float, *,
 def _one_pair(sc: Scenario, engines: list[EngineProc], ps: list[list[int]],
               res: ScenarioResult, step_s: float,
               p_frees: Callable[[], int] | None = None,
-              p_writes: Callable[[], int] | None = None) -> None:  # fmt: skip
+              p_writes: Callable[[], int] | None = None,
+              go: Path | None = None) -> None:  # fmt: skip
     """One producer, at most one decode engine: P prefills, D decodes what P handed on
     (sc.late: once P freed them, p_frees counting P's frees; sc.p_handshake_late: P is
-    nudged once it freed them and posted its WRITEs, p_writes counting those)."""
+    nudged once it freed them and posted its WRITEs, p_writes counting those; with
+    sc.p_reuse, P reuses the freed blocks first and `go` then ends its held handshake)."""
     ask_p = {"cmd": "generate", "prompts": ps, "max_tokens": 1, "remote_decode": True,
              "tag": "p", "abort": list(sc.abort), "n": sc.p_n}  # fmt: skip
     handed: list[dict[str, Any]] = []
@@ -160,7 +169,8 @@ def _one_pair(sc: Scenario, engines: list[EngineProc], ps: list[list[int]],
                     "abort": [len(fill) + n for n in sc.d_abort],
                     "abort_after_s": sc.d_abort_after_s})  # fmt: skip
             if sc.p_handshake_late and p_frees is not None and p_writes is not None:
-                _nudge_after_late_writes(sc, engines[0], len(kept), step_s, p_frees, p_writes)
+                _nudge_after_late_writes(sc, engines[0], len(kept), step_s, p_frees, p_writes,
+                                         go)  # fmt: skip
             got = d.ask(None, step_s)
             got["outputs"] = got["outputs"][len(fill):]
         ref = d.ask({"cmd": "generate", "prompts": ps, "max_tokens": sc.max_tokens,
@@ -169,8 +179,8 @@ def _one_pair(sc: Scenario, engines: list[EngineProc], ps: list[list[int]],
 
 
 def _nudge_after_late_writes(sc: Scenario, p: EngineProc, n: int, step_s: float,
-                             p_frees: Callable[[], int],
-                             p_writes: Callable[[], int]) -> None:  # fmt: skip
+                             p_frees: Callable[[], int], p_writes: Callable[[], int],
+                             go: Path | None = None) -> None:  # fmt: skip
     """Once P freed its n requests and posted their WRITEs, P gets one more request.
     Why: an idle P never steps, and P's step is what polls the WRITEs
     (`get_transfer_results` -> `_pop_done_transfers`, push_worker.py:808-825) and so
@@ -181,6 +191,13 @@ def _nudge_after_late_writes(sc: Scenario, p: EngineProc, n: int, step_s: float,
     (KVCompletion `schedule` needs a request P holds)."""
     if not wait_until(lambda: p_frees() >= n, step_s):
         raise EngineTimeout(f"P did not free its {n} requests in {step_s:.0f} s")
+    if sc.p_reuse and go is not None:
+        # P prefills other P/D requests into the freed blocks (its pool holds no others),
+        # then its held handshake ends. Held for a D that never reads them, they keep P
+        # stepping (delayed frees count, scheduler.has_requests) until their lease: no nudge.
+        p.ask({"cmd": "generate", "prompts": prompts(sc.p_reuse, shift=250), "max_tokens": 1,
+               "remote_decode": True, "tag": "reuse"}, step_s)  # fmt: skip
+        go.touch()
     # The held handshake ends at most a lease after it began, after P's match of D's
     # registration, so 2 s (+ polls) after the free; none by a lease later: D registered
     # after the free (measured on 2 cores: D's registration, or the client's hand-off,
@@ -189,8 +206,9 @@ def _nudge_after_late_writes(sc: Scenario, p: EngineProc, n: int, step_s: float,
     if not wait_until(lambda: p_writes() >= n * sc.tp, lease + 30):
         raise EngineTimeout("P posted no WRITE a lease after its free: D's registration "
                             "reached P only after P freed the requests")
-    p.ask({"cmd": "generate", "prompts": [[7] * 8], "max_tokens": 1, "remote_decode": True,
-           "tag": "nudge"}, step_s)  # fmt: skip
+    if not sc.p_reuse:
+        p.ask({"cmd": "generate", "prompts": [[7] * 8], "max_tokens": 1,
+               "remote_decode": True, "tag": "nudge"}, step_s)  # fmt: skip
 
 
 def _xpyd(sc: Scenario, producers: list[EngineProc], consumers: list[EngineProc],

@@ -158,6 +158,37 @@ def test_the_held_handshake_waits_for_the_reaper_then_runs_the_real_exchange() -
     assert _Worker()._nixl_handshake("h", 1, 1, "D") == "agents" and slept == []
 
 
+def test_with_a_go_file_the_held_handshake_ends_when_the_scenario_says(tmp_path: Path) -> None:
+    """FAULT_ENV "late:30:<file>" (pd-push-p-handshake-late-reuse): after the lease, the
+    exchange waits for the file, not for `_reqs_to_send` to empty (P's reuse requests fill
+    it again) nor 2 s more. Negative control: without the file it is bounded by
+    HOLD_CAP_S."""
+    from kvspec.record.faults import HOLD_CAP_S, hold_handshakes
+
+    class Held(_Worker):
+        _reqs_to_send = {"reuse0": 30.0}  # never empties here
+
+    go = tmp_path / "go"
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        if len(slept) == 3:
+            go.touch()  # the scenario: P reused the freed blocks
+
+    hold_handshakes(Held, 30.0, sleep, lambda: sum(slept), go=go)
+    assert Held()._nixl_handshake("h", 1, 1, "D") == "agents"
+    assert slept == [30.0, 0.5, 0.5]
+
+    class NoGo(_Worker):
+        _reqs_to_send: dict[str, float] = {}
+
+    slept.clear()
+    hold_handshakes(NoGo, 30.0, slept.append, lambda: sum(slept), go=tmp_path / "never")
+    assert NoGo()._nixl_handshake("h", 1, 1, "D") == "agents"
+    assert HOLD_CAP_S <= sum(slept) <= HOLD_CAP_S + 0.5
+
+
 def test_the_held_handshake_is_bounded_when_the_reaper_never_reports() -> None:
     from kvspec.record.faults import HOLD_CAP_S, hold_handshakes
 
@@ -173,7 +204,7 @@ def test_the_held_handshake_is_bounded_when_the_reaper_never_reports() -> None:
 def test_heartbeats_are_lost_and_completion_notifications_kept(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from kvspec.record.faults import LosesHeartbeats, late_lease_s
+    from kvspec.record.faults import LosesHeartbeats, late_go_file, late_lease_s
     from kvspec.record.log import FAULT_ENV
 
     q = LosesHeartbeats()
@@ -183,7 +214,9 @@ def test_heartbeats_are_lost_and_completion_notifications_kept(
     monkeypatch.delenv(FAULT_ENV, raising=False)
     assert late_lease_s() is None  # unset: the refused handshake (the first scenario's)
     monkeypatch.setenv(FAULT_ENV, "late:30")
-    assert late_lease_s() == 30.0
+    assert late_lease_s() == 30.0 and late_go_file() is None
+    monkeypatch.setenv(FAULT_ENV, "late:30:/tmp/x/p-handshake.go")
+    assert late_lease_s() == 30.0 and late_go_file() == Path("/tmp/x/p-handshake.go")
 
 
 def test_the_late_scenario_stages_both_faults_in_push_only() -> None:
@@ -254,3 +287,30 @@ def test_a_late_write_staged_in_the_wrong_order_is_a_timeout_not_a_verdict() -> 
 
     assert _handshake_timed_out(sc, run(29.0), ["D"]).startswith("timeout: P's held")
     assert _handshake_timed_out(sc, run(33.0), ["D"]) == ""
+
+
+def test_the_reuse_scenario_hands_p_the_go_file_and_a_pool_of_the_late_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pd-push-p-handshake-late-reuse: P's FAULT_ENV names the go file the flow creates
+    (scenario_flows.go_file), and both engines get 5 blocks: the null block and the two
+    requests' two each, so whatever P prefills after the free takes the freed blocks.
+    Negative control: a reuse scenario without the late handshake is refused."""
+    import kvspec.scenario as scenario
+    from kvspec.record.log import FAULT_ENV
+    from kvspec.scenario_catalogue import Scenario
+    from kvspec.scenario_flows import go_file, prompts
+
+    started: list[tuple[list[str], dict[str, str]]] = []
+    monkeypatch.setattr(scenario, "EngineProc", lambda a, e, *r: started.append((a, e)))
+    monkeypatch.delenv(FAULT_ENV, raising=False)
+    sc = SCENARIOS["pd-push-p-handshake-late-reuse"]
+    scenario._engine(sc, "P", tmp_path, tmp_path, tmp_path, ["engine"], 1.0)
+    (p, env), = started
+    assert env[FAULT_ENV] == f"late:30:{go_file(tmp_path)}"
+    assert p[p.index("--num-blocks") + 1] == "5" and sc.requests * 2 + 1 == 5
+    reuse, late = prompts(sc.p_reuse, shift=250), prompts(sc.requests)
+    assert all(len(x) == 40 and max(x) < 512 for x in reuse) and not set(map(tuple, reuse)) & set(
+        map(tuple, late))
+    with pytest.raises(ValueError, match="late WRITE only"):
+        Scenario("x", "push", connector="NixlPushConnector", p_reuse=2)

@@ -220,3 +220,60 @@ def test_the_registered_caches_name_the_attention_backend(tmp_path: Path) -> Non
     bare.register_kv_caches({})
     got = next(e for e in _lines(tmp_path / "bare") if e["call"] == "kv_caches")["result"]
     assert got == {"backend": "?", "kernel_block": -1, "dtype": "?"}
+
+
+class _PushShape(_Registers):
+    """A push connector's shape: metadata bound by the runner, a report per step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._connector_metadata: Any = None
+        self.connector_worker.num_blocks = 4  # type: ignore[attr-defined]
+
+    def start_load_kv(self, *args: Any, **kwargs: Any) -> None: ...
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+        from types import SimpleNamespace
+
+        self.connector_worker._recving_metadata = {}  # type: ignore[attr-defined]
+        return SimpleNamespace(finished_sending=set(), finished_recving={"p0-d"},
+                               failed_recving=set())  # fmt: skip
+
+
+class _RecordedPush(_Recording, _PushShape):
+    def __init__(self, rec: Recorder) -> None:
+        _PushShape.__init__(self)
+        self._kvspec_rec = rec
+
+
+def test_p_digests_what_it_finished_and_d_what_it_received(tmp_path: Path) -> None:
+    """P's worker digests each request the scheduler hands it as finished (push metadata's
+    push_finished_blocks), D's each request it reports received, from the blocks
+    registered for it before the report popped them: the same bytes give the same
+    digest. Negative control: D's block 2 holding other bytes gives another digest."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    caches = {"l0": torch.arange(4 * 8, dtype=torch.float32).reshape(4, 8)}
+    p = _RecordedPush(Recorder("P", "kv_both", "worker", 0, 1, tmp_path / "p"))
+    p.register_kv_caches(caches)
+    p._connector_metadata = SimpleNamespace(push_finished_blocks={"p0-a": ([1, 2],)})
+    p.start_load_kv(None)
+    d = _RecordedPush(Recorder("D", "kv_both", "worker", 0, 1, tmp_path / "d"))
+    d.register_kv_caches({"l0": caches["l0"].clone()})
+    d.connector_worker._recving_metadata = {  # type: ignore[attr-defined]
+        "p0-d": SimpleNamespace(local_block_ids=([1, 2],))}  # fmt: skip
+    d.get_transfer_results(set())
+    (sent,) = [e for e in _lines(tmp_path / "p") if e["call"] == "kv_digest"]
+    (got,) = [e for e in _lines(tmp_path / "d") if e["call"] == "kv_digest"]
+    assert (sent["result"]["side"], got["result"]["side"]) == ("sent", "received")
+    assert sent["result"]["digest"] == got["result"]["digest"] is not None
+    d2 = _RecordedPush(Recorder("D", "kv_both", "worker", 0, 1, tmp_path / "d2"))
+    d2.register_kv_caches({"l0": caches["l0"].clone().index_fill_(0, torch.tensor([2]), 0.0)})
+    d2.connector_worker._recving_metadata = {  # type: ignore[attr-defined]
+        "p0-d": SimpleNamespace(local_block_ids=([1, 2],))}  # fmt: skip
+    d2.get_transfer_results(set())
+    (other,) = [e for e in _lines(tmp_path / "d2") if e["call"] == "kv_digest"]
+    assert other["result"]["digest"] != sent["result"]["digest"]

@@ -32,6 +32,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (
 )
 
 from kvspec.drivers.vllm_adapters import recv_blocks
+from kvspec.record import kv_digest
 from kvspec.record.log import DIR_ENV, Recorder
 
 try:  # push mode: vLLM 0.32+ (nixl/connector.py NixlPushConnector)
@@ -376,8 +377,12 @@ class _Recording:
             except Exception as exc:  # noqa: BLE001 - never raise into vLLM
                 self._kvspec_rec.emit("recorder_note", note=f"handshakes not recorded: {exc!r}")
 
+    _kvspec_caches: dict[str, Any] | None = None
+    _kvspec_recv: dict[str, list[int]] = {}  # ordered: kv_digest.ordered_recv_blocks
+
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         super().register_kv_caches(kv_caches)  # type: ignore[misc]
+        self._kvspec_caches = kv_caches  # the KV digests' bytes (kv_digest)
         try:  # the attention backend vLLM picked for this host, as NIXL registered it
             w = _nixl_worker(self)
             t = next(iter(kv_caches.values()), None)
@@ -386,6 +391,15 @@ class _Recording:
                                   dtype=str(getattr(t, "dtype", "?")))  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - never raise into vLLM
             self._kvspec_rec.emit("recorder_error", where="register_kv_caches", error=repr(exc))
+
+    def start_load_kv(self, *args: Any, **kwargs: Any) -> None:
+        super().start_load_kv(*args, **kwargs)  # type: ignore[misc]
+        # push: the scheduler hands P's worker each request it finished last step with its
+        # blocks (push_scheduler.py:336-338), whose KV that step's forward wrote
+        meta = getattr(self, "_connector_metadata", None)
+        for rid, blocks in dict(getattr(meta, "push_finished_blocks", None) or {}).items():
+            kv_digest.emit(self._kvspec_rec, _nixl_worker(self), self._kvspec_caches,
+                           str(rid), blocks, "sent")  # fmt: skip
 
     # MultiConnector.request_finished_all_groups calls self.request_finished when a child
     # lacks HMA (multi_connector.py:595-607): one finish, recorded once, at the outer call.
@@ -426,6 +440,8 @@ class _Recording:
     def _snapshot_blocks(self) -> None:
         try:
             self._kvspec_blocks = recv_blocks(_nixl_worker(self))
+            self._kvspec_recv = {**self._kvspec_recv,
+                                 **kv_digest.ordered_recv_blocks(_nixl_worker(self))}
         except Exception as exc:  # noqa: BLE001 - never raise into vLLM
             self._kvspec_rec.emit("recorder_error", where="_recving_metadata", error=repr(exc))
 
@@ -445,6 +461,9 @@ class _Recording:
     def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
         self._snapshot_blocks()
         out = super().get_transfer_results(finished_req_ids)  # type: ignore[misc]
+        for rid in _ids(out.finished_recving):  # the KV this rank received, as it landed
+            kv_digest.emit(self._kvspec_rec, _nixl_worker(self), self._kvspec_caches, rid,
+                           [self._kvspec_recv.pop(rid, [])], "received")  # fmt: skip
         self._kvspec_rec.emit(
             "get_transfer_results",
             finished_sending=_ids(out.finished_sending),

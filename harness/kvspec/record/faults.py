@@ -34,6 +34,7 @@ import os
 import queue
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kvspec.record import connectors as _recording
@@ -66,21 +67,35 @@ def refuse_handshakes(worker_class: Any) -> None:
 def late_lease_s() -> float | None:
     """The lease the held handshake outwaits, or None: refuse (FAULT_ENV)."""
     v = os.environ.get(FAULT_ENV, "")
-    return float(v.split(":", 1)[1]) if v.startswith("late:") else None
+    return float(v.split(":")[1]) if v.startswith("late:") else None
+
+
+def late_go_file() -> Path | None:
+    """FAULT_ENV "late:<lease s>:<file>": the held handshake ends once the scenario created
+    the file (pd-push-p-handshake-late-reuse: after P reused the freed blocks), not 2 s
+    after the reaper's report; None without one."""
+    parts = os.environ.get(FAULT_ENV, "").split(":", 2)
+    return Path(parts[2]) if parts[0] == "late" and len(parts) == 3 else None
 
 
 def hold_handshakes(worker_class: Any, lease_s: float, sleep: Callable[[float], None] = time.sleep,
-                    clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                    clock: Callable[[], float] = time.monotonic,
+                    go: Path | None = None) -> None:  # fmt: skip
     """Hold every handshake exchange of `worker_class`'s workers until the rank's reaper
     reported all its requests (at least `lease_s` after the exchange began; `HOLD_CAP_S`
-    at most), then 2 s for the scheduler's free, then run the real exchange. Idempotent:
-    the class is patched once per process."""
+    at most), then 2 s for the scheduler's free, then run the real exchange; with `go`,
+    from `lease_s` on until that file exists instead (the reaper's report is then the
+    scenario's to see: requests P takes after the free fill `_reqs_to_send` again).
+    Idempotent: the class is patched once per process."""
     real = worker_class._nixl_handshake
     if getattr(real, "_kvspec_held", False):
         return
 
     def held(self: Any, *args: Any, **kwargs: Any) -> Any:
         sleep(lease_s)
+        if go is not None:
+            wait_until(go.exists, HOLD_CAP_S - lease_s, clock=clock, sleep=sleep)
+            return real(self, *args, **kwargs)
         wait_until(lambda: not self._reqs_to_send, HOLD_CAP_S - lease_s, clock=clock,
                    sleep=sleep)  # fmt: skip
         sleep(2.0)
@@ -115,7 +130,7 @@ if _RecordedPush is not None:
             if lease is None:
                 refuse_handshakes(NixlPushConnectorWorker)
             else:
-                hold_handshakes(NixlPushConnectorWorker, lease)
+                hold_handshakes(NixlPushConnectorWorker, lease, go=late_go_file())
             super().__init__(vllm_config, role, *args, **kwargs)
             worker = getattr(self, "connector_worker", None)
             if lease is not None and worker is not None:  # the worker role's

@@ -1,0 +1,84 @@
+"""A digest of one request's KV bytes on one worker, so that a recording can say whether the
+KV a decode engine received is the KV the producer computed (the recorder's `kv_digest`
+events, checked by `kvspec scenario`).
+
+Why bytes and not outputs: the scenario fixtures' dummy weights (load_format "dummy",
+values of about 1e-3) make a decode step's tokens depend on the last token, not on the KV.
+Measured (pd-push-p-handshake-late-reuse, 2026-12-06): D decoded two requests whose KV P's
+late WRITEs had taken from blocks P had reused for two other prompts, and D's tokens still
+equalled a local run. "decode outputs equal a local run" cannot see a wrong KV there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+
+def first_group(block_ids: Any) -> list[int]:
+    """A request's blocks of the first KV cache group, in order (vLLM's BlockIds: a tuple
+    of lists per group, or one flat list in older releases)."""
+    groups = list(block_ids or ())
+    first = groups[0] if groups and isinstance(groups[0], (list, tuple)) else groups
+    return [int(b) for b in first]
+
+
+def kernel_blocks(blocks: Iterable[int], per_logical: int) -> list[int]:
+    """The kernel blocks of logical blocks (base_worker.py:946-966: a logical block is
+    `_physical_blocks_per_logical_kv_block` consecutive kernel blocks)."""
+    return [b * per_logical + i for b in blocks for i in range(per_logical)]
+
+
+def digest(caches: dict[str, Any], blocks: Sequence[int], num_blocks: int) -> str | None:
+    """sha256 (16 hex digits) of the blocks' bytes in every layer's cache, layers in name
+    order; None where a cache has no dimension of `num_blocks` among its first two (the
+    block dimension of every CPU and CUDA layout vLLM allocates: (2, blocks, ...) or
+    (blocks, ...))."""
+    h = hashlib.sha256()
+    for name in sorted(caches):
+        t = caches[name]
+        shape = tuple(getattr(t, "shape", ()))
+        dim = next((d for d in (0, 1) if len(shape) > d and shape[d] == num_blocks), None)
+        if dim is None:
+            return None
+        for b in blocks:
+            h.update(_bytes(t.select(dim, b).detach().to("cpu").contiguous()))
+    return h.hexdigest()[:16]
+
+
+def _bytes(t: Any) -> bytes:
+    """A CPU tensor's raw bytes (bfloat16 has no numpy dtype: viewed as uint8 first)."""
+    import torch
+
+    return bytes(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
+def ordered_recv_blocks(worker: Any) -> dict[str, list[int]]:
+    """Each receive registered on a NIXL worker (`_recving_metadata`) and its local blocks
+    of the first group, in order; taken before the report pops them."""
+    out: dict[str, list[int]] = {}
+    for rid, meta in dict(getattr(worker, "_recving_metadata", None) or {}).items():
+        out[str(rid)] = first_group(getattr(meta, "local_block_ids", None))
+    return out
+
+
+def of_request(worker: Any, caches: dict[str, Any] | None, logical: Any) -> tuple[str | None, int]:
+    """(digest, blocks) of a request's logical blocks on this worker's caches."""
+    blocks = first_group(logical)
+    if not caches or worker is None:
+        return None, len(blocks)
+    per = int(getattr(worker, "_physical_blocks_per_logical_kv_block", 1) or 1)
+    n = int(getattr(worker, "num_blocks", -1))
+    return digest(caches, kernel_blocks(blocks, per), n), len(blocks)
+
+
+def emit(rec: Any, worker: Any, caches: dict[str, Any] | None, rid: str, blocks: Any,
+         side: str) -> None:  # fmt: skip
+    """The recorder's `kv_digest` event of request rid ("sent": P's blocks as its forward
+    left them; "received": D's as the transfer left them); never raises into vLLM."""
+    try:
+        dg, n = of_request(worker, caches, blocks)
+        rec.emit("kv_digest", reqs=[rid], side=side, digest=dg, blocks=n)
+    except Exception as exc:  # noqa: BLE001 - never raise into vLLM
+        rec.emit("recorder_error", where="kv_digest", error=repr(exc))

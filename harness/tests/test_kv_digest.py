@@ -1,0 +1,77 @@
+"""The recorder's KV digests and the scenario's KV-bytes check: a request's digest is its
+blocks' bytes in every layer, in the layouts vLLM allocates, and the check pairs P's
+"sent" digest with D's "received" one. Negative controls: one changed byte changes the
+digest; a pair that differs fails the check, and a pair that agrees fails the reuse
+scenario's."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from kvspec.record.log import Event
+from kvspec.scenario import kv_bytes_check
+
+torch = pytest.importorskip("torch")
+
+from kvspec.record import kv_digest  # noqa: E402
+
+
+def _caches(layout: tuple[int, ...], dtype: object) -> dict[str, object]:
+    g = torch.Generator().manual_seed(0)
+    return {f"layer{i}": torch.rand(layout, generator=g).to(dtype) for i in range(2)}
+
+
+@pytest.mark.parametrize(
+    ("layout", "dtype"),
+    [((2, 5, 2, 32, 8), torch.float32), ((5, 32, 576), torch.bfloat16)],
+    ids=["cpu_attn-kv-first", "mla-blocks-first"],
+)
+def test_a_digest_is_the_blocks_bytes(layout: tuple[int, ...], dtype: object) -> None:
+    caches = _caches(layout, dtype)
+    d = kv_digest.digest(caches, [1, 3], 5)
+    assert d is not None and d == kv_digest.digest(caches, [1, 3], 5)
+    assert d != kv_digest.digest(caches, [3, 1], 5)  # order is part of the KV
+    other = 4  # a block the request does not hold: its bytes change nothing
+    dim = 1 if layout[0] == 2 else 0
+    caches["layer1"].select(dim, other).add_(1)
+    assert kv_digest.digest(caches, [1, 3], 5) == d
+    idx = (0,) * dim + (3,) + (0,) * (len(layout) - dim - 1)
+    caches["layer1"][idx] += 1  # one value of the request's KV
+    assert kv_digest.digest(caches, [1, 3], 5) != d
+    assert kv_digest.digest(caches, [1], 7) is None  # no block dimension: unknown
+
+
+def test_a_logical_block_is_its_kernel_blocks_and_receives_keep_their_order() -> None:
+    assert kv_digest.kernel_blocks([1, 3], 2) == [2, 3, 6, 7]
+    assert kv_digest.first_group(([4, 2], [9])) == [4, 2] and kv_digest.first_group([5]) == [5]
+    w = SimpleNamespace(_recving_metadata={"d0": SimpleNamespace(local_block_ids=([3, 1],))})
+    assert kv_digest.ordered_recv_blocks(w) == {"d0": [3, 1]}
+    caches = _caches((10, 16, 8), torch.float32)  # CPU_MLA: two kernel blocks a block
+    nw = SimpleNamespace(_physical_blocks_per_logical_kv_block=2, num_blocks=10)
+    assert kv_digest.of_request(nw, caches, ([1],)) == (
+        kv_digest.digest(caches, [2, 3], 10), 1)  # fmt: skip
+
+
+def _kv(engine: str, rid: str, side: str, dg: str | None, world: int = 1) -> Event:
+    return Event(engine, "kv_both", "worker", 0, world, 1, 0, 1, "kv_digest", reqs=(rid,),
+                 result={"side": side, "digest": dg, "blocks": 2})  # fmt: skip
+
+
+def test_the_kv_bytes_check_pairs_p_and_d_by_request() -> None:
+    good = [_kv("P", "p0-aa", "sent", "x0"), _kv("P", "p1-bb", "sent", "x1"),
+            _kv("D", "p0-cc", "received", "x0"), _kv("D", "p1-dd", "received", "x1")]  # fmt: skip
+    ok = kv_bytes_check(good, reused=False)
+    assert ok is not None and ok.ok and "p0: P x0, D x0" in ok.detail
+    bad = [*good[:3], _kv("D", "p1-dd", "received", "zz")]
+    assert not kv_bytes_check(bad, reused=False).ok  # type: ignore[union-attr]
+    # the reuse scenario: every pair must differ; one that agrees fails it
+    assert not kv_bytes_check(bad, reused=True).ok  # type: ignore[union-attr]
+    wrong = [*good[:2], _kv("D", "p0-cc", "received", "y0"), _kv("D", "p1-dd", "received", "y1")]
+    assert kv_bytes_check(wrong, reused=True).ok  # type: ignore[union-attr]
+    # nothing to pair (pull: P's worker sends no digest) or ranks holding shares: no check
+    assert kv_bytes_check(good[2:], reused=False) is None
+    assert kv_bytes_check([_kv("P", "p0-aa", "sent", "x0", world=2), good[2]], False) is None
+    # an unknown digest (None) never counts as the same KV
+    unknown = [_kv("P", "p0-aa", "sent", None), _kv("D", "p0-cc", "received", None)]
+    assert not kv_bytes_check(unknown, reused=False).ok  # type: ignore[union-attr]
