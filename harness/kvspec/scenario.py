@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from kvspec.record.kv_digest import DIGEST_ENV
 from kvspec.record.log import DIR_ENV, FAULT_ENV, Event, read_dir
 from kvspec.record.mapping import Sides, validation_sides
 from kvspec.scenario_catalogue import MODEL_CONFIGS, SCENARIOS, Scenario
@@ -41,6 +42,7 @@ from kvspec.scenario_flows import (
     writes_after_free,
 )
 from kvspec.scenario_proc import EngineExited, EngineProc, EngineTimeout
+from kvspec.scenario_weights import write_checkpoint
 from kvspec.validate import validate_events
 
 
@@ -50,6 +52,7 @@ def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
     env = {**os.environ, DIR_ENV: str(rec),
            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(port or free_port()),
            "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1",
+           DIGEST_ENV: "1",  # the recorder's kv_digest events (the KV-bytes check)
            # vLLM logs to stdout by default; stdout is the engine's answer channel
            "VLLM_LOGGING_STREAM": "ext://sys.stderr",
            # one compute thread per engine, unbound: two engines share the machine
@@ -98,6 +101,8 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
     model = out / "model"
     model.mkdir(parents=True, exist_ok=True)
     (model / "config.json").write_text(json.dumps(MODEL_CONFIGS[sc.model]))
+    if engine_cmd is None:  # real engines: seeded weights whose decode sees the KV
+        write_checkpoint(model, MODEL_CONFIGS[sc.model])
     rec = out / "record"
     for f in [*rec.glob("*.ndjson"), go_file(out)]:
         f.unlink(missing_ok=True)

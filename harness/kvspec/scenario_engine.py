@@ -5,7 +5,8 @@ scenario runner sends it to a log file).
 Commands: {"cmd": "generate", "prompts": [[ids]], "max_tokens": N (or one per prompt),
 "params": [kv params or null], "remote_decode": bool} -> {"outputs": [{"tokens": [...],
 "params": {...}}]}; {"cmd": "exit"}. The engine is `vllm.LLM` with a recording connector
-(kvspec.record.connectors), dummy weights and a local config.json: no download.
+(kvspec.record.connectors) and a local config.json with seeded random weights
+(kvspec.scenario_weights; vLLM's dummy ones where none were written): no download.
 
 The engine core runs in its own process (vLLM's default) and keeps stepping while a
 finished request waits for its KV to be read (scheduler.has_requests counts delayed
@@ -19,7 +20,10 @@ import argparse
 import json
 import sys
 import threading
+from pathlib import Path
 from typing import Any
+
+from kvspec.scenario_weights import load_format
 
 
 def engine_args(a: argparse.Namespace) -> dict[str, Any]:
@@ -52,7 +56,7 @@ def engine_args(a: argparse.Namespace) -> dict[str, Any]:
     pool = {"num_gpu_blocks_override": a.num_blocks, "max_model_len": 64} if a.num_blocks else {}
     return {
         **gpu,
-        "model": a.model, "load_format": "dummy", "skip_tokenizer_init": True,
+        "model": a.model, "load_format": load_format(Path(a.model)), "skip_tokenizer_init": True,
         "dtype": a.dtype if a.dtype != "auto" else engine_dtype(a.device, *_mla_and_amx(a)),
         "block_size": 32, "max_model_len": 256, "enforce_eager": True,
         "max_num_seqs": a.max_seqs, "enable_prefix_caching": False, "seed": 0,
@@ -80,8 +84,6 @@ def engine_dtype(device: str, mla: bool, amx: bool) -> str:
 def _mla_and_amx(a: argparse.Namespace) -> tuple[bool, bool]:
     """Is the model MLA (a DeepSeek-shaped config: kv_lora_rank), and does vLLM's CPU
     platform see AMX tiles (its own test, platforms/cpu.py:152-155)?"""
-    from pathlib import Path
-
     import torch
     from vllm.platforms import CpuArchEnum, current_platform
 

@@ -256,6 +256,11 @@ def _outputs_check(sc: Scenario, got: list[dict[str, Any]],
                      "them", reasons == ["abort"] * len(got),
                      f"finish reasons {reasons}")  # fmt: skip
     kept = [n for n in range(len(got)) if n not in sc.d_abort]  # D's aborts: no output
+    if sc.p_reuse:  # the late WRITEs carried other prompts' KV (scenario_weights: it shows)
+        differ = [got[n]["tokens"] != ref[n]["tokens"] for n in kept]
+        return Check("D decoded other prompts' KV: outputs differ from a local run",
+                     all(differ), " | ".join(f"P/D {got[n]['tokens']} local "
+                                             f"{ref[n]['tokens']}" for n in kept))  # fmt: skip
     if (sc.dead_port or sc.refused) and sc.load_policy != "recompute":
         reasons = [got[n].get("finish") for n in kept]
         return Check("D failed every request (kv_load_failure_policy fail)",

@@ -246,15 +246,29 @@ class _RecordedPush(_Recording, _PushShape):
         self._kvspec_rec = rec
 
 
-def test_p_digests_what_it_finished_and_d_what_it_received(tmp_path: Path) -> None:
+def test_p_digests_what_it_finished_and_d_what_it_received(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
     """P's worker digests each request the scheduler hands it as finished (push metadata's
     push_finished_blocks), D's each request it reports received, from the blocks
     registered for it before the report popped them: the same bytes give the same
-    digest. Negative control: D's block 2 holding other bytes gives another digest."""
+    digest, and only where asked (kv_digest.DIGEST_ENV: a user's recording pays nothing).
+    Negative controls: D's block 2 holding other bytes gives another digest; unasked,
+    no digest is taken."""
     import pytest
 
     torch = pytest.importorskip("torch")
     from types import SimpleNamespace
+
+    from kvspec.record.kv_digest import DIGEST_ENV
+
+    monkeypatch.delenv(DIGEST_ENV, raising=False)
+    off = _RecordedPush(Recorder("P", "kv_both", "worker", 0, 1, tmp_path / "off"))
+    off.register_kv_caches({"l0": torch.zeros(4, 8)})
+    off._connector_metadata = SimpleNamespace(push_finished_blocks={"p0-a": ([1, 2],)})
+    off.start_load_kv(None)
+    assert not [e for e in _lines(tmp_path / "off") if e["call"] == "kv_digest"]
+    monkeypatch.setenv(DIGEST_ENV, "1")
 
     caches = {"l0": torch.arange(4 * 8, dtype=torch.float32).reshape(4, 8)}
     p = _RecordedPush(Recorder("P", "kv_both", "worker", 0, 1, tmp_path / "p"))

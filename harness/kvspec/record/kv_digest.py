@@ -12,8 +12,13 @@ equalled a local run. "decode outputs equal a local run" cannot see a wrong KV t
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+# Opt-in (kvspec scenario sets it): a digest copies a request's KV to the host and hashes
+# it on the worker's step, time a user's recorded deployment must not pay.
+DIGEST_ENV = "KVSPEC_KV_DIGEST"
 
 
 def first_group(block_ids: Any) -> list[int]:
@@ -77,6 +82,8 @@ def emit(rec: Any, worker: Any, caches: dict[str, Any] | None, rid: str, blocks:
          side: str) -> None:  # fmt: skip
     """The recorder's `kv_digest` event of request rid ("sent": P's blocks as its forward
     left them; "received": D's as the transfer left them); never raises into vLLM."""
+    if os.environ.get(DIGEST_ENV) != "1":
+        return
     try:
         dg, n = of_request(worker, caches, blocks)
         rec.emit("kv_digest", reqs=[rid], side=side, digest=dg, blocks=n)

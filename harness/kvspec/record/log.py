@@ -54,7 +54,12 @@ the handshake thread: `result.remote_engine`, `result.ok`, `result.started_ns`, 
 requests waiting on it; since 2026-12-05) and `kv_caches` (a worker's
 `register_kv_caches`: the attention backend vLLM picked for the host as NIXL saw it,
 `result.backend`, `kernel_block`: its block size after the kernel sync, `dtype`: the
-caches'; since 2026-12-06). The scheduler's `start`
+caches'; since 2026-12-06) and, where `KVSPEC_KV_DIGEST=1` (kvspec scenario sets it),
+`kv_digest` (`result.side`: "sent", a push producer worker's blocks of a request the
+scheduler handed it as finished, or "received", a worker's blocks of a request it reports
+received; `result.digest`: sha256 of those blocks' bytes in every layer, 16 hex digits,
+null where the layout is unknown; `result.blocks`; kvspec.record.kv_digest). The
+scheduler's `start`
 event describes the deployment (`result.connector`, `children`: MultiConnector's children
 in their order, `tp`, `pp`, `pcp`, `async_scheduling`, `vllm`, `lease`: kv_lease_duration
 in s, `kv_load_failure_policy`, `mla`). Sets of ids are written sorted; lists keep their order.
