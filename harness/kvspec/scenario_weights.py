@@ -40,7 +40,7 @@ def write_checkpoint(model_dir: Path, config: dict[str, Any]) -> Path:
     hf = AutoConfig.from_pretrained(model_dir)
     hf.initializer_range = STD
     torch.manual_seed(SEED)
-    model = AutoModelForCausalLM.from_config(hf, torch_dtype=torch.float32)  # type: ignore[no-untyped-call]
+    model = AutoModelForCausalLM.from_config(hf, dtype=torch.float32)  # type: ignore[no-untyped-call]
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(weights))
     stamp.write_text(json.dumps(want))
