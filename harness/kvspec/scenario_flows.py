@@ -265,6 +265,16 @@ def _outputs_check(sc: Scenario, got: list[dict[str, Any]],
         reasons = [got[n].get("finish") for n in kept]
         return Check("D failed every request (kv_load_failure_policy fail)",
                      reasons == ["error"] * len(kept), f"finish reasons {reasons}")
+    if sc.model == "mla" and sc.device == "cpu":
+        # No oracle: on CPU this MLA fixture's tokens change with the batch a request runs
+        # in (seeded weights, bfloat16 AMX_MLA: one prompt alone [467, 497, 255, 467], the
+        # same beside another [448, 24, 467, 186]; float32 CPU_MLA's third token 337 alone,
+        # 54 in a pair), and D's decode batch is not the local run's. The KV D received is
+        # checked byte for byte where P's is recorded (kv_bytes_check).
+        done = [len(got[n]["tokens"]) == sc.max_tokens and got[n].get("finish") != "error"
+                for n in kept]  # fmt: skip
+        return Check("D decoded every request (MLA on CPU: no token oracle, see README)",
+                     all(done), f"P/D {got[0]['tokens']} local {ref[0]['tokens']}")
     same = [got[n]["tokens"] for n in kept] == [ref[n]["tokens"] for n in kept]
     return Check("decode outputs equal a local run", same,
                  f"P/D {got[0]['tokens']} local {ref[0]['tokens']}")

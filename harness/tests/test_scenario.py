@@ -455,3 +455,18 @@ def test_an_mla_engine_on_an_amx_host_runs_bfloat16() -> None:
     assert engine_dtype("cpu", mla=True, amx=False) == "float32"  # CPU_MLA
     assert engine_dtype("cpu", mla=False, amx=True) == "float32"  # CPU_ATTN
     assert engine_dtype("cuda", mla=False, amx=False) == "bfloat16"
+
+
+def test_mla_on_cpu_checks_that_d_decoded_not_which_tokens() -> None:
+    """The MLA fixture's tokens on CPU change with the batch (no local-run oracle), so the
+    check asks that D decoded every request in full. Negative controls: a request cut
+    short or ended in error fails it; the Llama scenarios still compare tokens."""
+    from kvspec.scenario_flows import _outputs_check
+
+    mla = SCENARIOS["pd-mla"]
+    full = {"tokens": [1, 2, 3, 4], "finish": "length"}
+    other = {"tokens": [1, 5, 6, 7], "finish": "length"}
+    assert _outputs_check(mla, [full, full], [other, other]).ok
+    assert not _outputs_check(mla, [full, {"tokens": [1], "finish": "error"}], [other, other]).ok
+    assert not _outputs_check(SCENARIOS["pd-basic"], [full, full], [other, other]).ok
+    assert _outputs_check(SCENARIOS["pd-basic"], [full, full], [full, full]).ok
