@@ -394,8 +394,7 @@ class _Recording:
 
     def start_load_kv(self, *args: Any, **kwargs: Any) -> None:
         super().start_load_kv(*args, **kwargs)  # type: ignore[misc]
-        # push: the scheduler hands P's worker each request it finished last step with its
-        # blocks (push_scheduler.py:336-338), whose KV that step's forward wrote
+        # push: each request P finished last step, its blocks (push_scheduler.py:336-338)
         meta = getattr(self, "_connector_metadata", None)
         for rid, blocks in dict(getattr(meta, "push_finished_blocks", None) or {}).items():
             kv_digest.emit(self._kvspec_rec, _nixl_worker(self), self._kvspec_caches,
@@ -440,8 +439,9 @@ class _Recording:
     def _snapshot_blocks(self) -> None:
         try:
             self._kvspec_blocks = recv_blocks(_nixl_worker(self))
-            self._kvspec_recv = {**self._kvspec_recv,
-                                 **kv_digest.ordered_recv_blocks(_nixl_worker(self))}
+            if kv_digest.enabled():  # (nothing kept where no digest is asked for)
+                self._kvspec_recv = {**self._kvspec_recv,
+                                     **kv_digest.ordered_recv_blocks(_nixl_worker(self))}
         except Exception as exc:  # noqa: BLE001 - never raise into vLLM
             self._kvspec_rec.emit("recorder_error", where="_recving_metadata", error=repr(exc))
 
@@ -464,6 +464,8 @@ class _Recording:
         for rid in _ids(out.finished_recving):  # the KV this rank received, as it landed
             kv_digest.emit(self._kvspec_rec, _nixl_worker(self), self._kvspec_caches, rid,
                            [self._kvspec_recv.pop(rid, [])], "received")  # fmt: skip
+        for rid in _ids(getattr(out, "failed_recving", None)):
+            self._kvspec_recv.pop(rid, None)
         self._kvspec_rec.emit(
             "get_transfer_results",
             finished_sending=_ids(out.finished_sending),

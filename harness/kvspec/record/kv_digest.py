@@ -78,11 +78,16 @@ def of_request(worker: Any, caches: dict[str, Any] | None, logical: Any) -> tupl
     return digest(caches, kernel_blocks(blocks, per), n), len(blocks)
 
 
+def enabled() -> bool:
+    """Asked for (DIGEST_ENV)."""
+    return os.environ.get(DIGEST_ENV) == "1"
+
+
 def emit(rec: Any, worker: Any, caches: dict[str, Any] | None, rid: str, blocks: Any,
          side: str) -> None:  # fmt: skip
     """The recorder's `kv_digest` event of request rid ("sent": P's blocks as its forward
     left them; "received": D's as the transfer left them); never raises into vLLM."""
-    if os.environ.get(DIGEST_ENV) != "1":
+    if not enabled():
         return
     try:
         dg, n = of_request(worker, caches, blocks)
