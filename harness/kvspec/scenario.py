@@ -242,18 +242,21 @@ def _backend_check(events: list[Event], engines: list[str]) -> Check:
 
 def kv_bytes_check(events: list[Event], reused: bool) -> Check | None:
     """The KV D received against the KV P computed, request by request: the recorder's
-    kv_digest events (P's "sent" at its finish, push mode; D's "received" at its
-    report), paired by request id less vLLM's random suffix (push runs D's requests under
-    P's ids). Engines of one rank only (with more, each rank holds its share of the
-    heads). None where nothing pairs (pull: P's worker never sees its blocks). `reused`:
+    kv_digest events (P's "sent" at its finish; D's "received" at its report), paired by
+    request id less vLLM's random suffix (push runs D's requests under
+    P's ids; pull's D names P's in add_request). Engines of one rank only (with more,
+    each rank holds its share of the heads). None where nothing pairs. `reused`:
     P reused the freed blocks before its late WRITEs, so every pair must differ."""
     if any(e.world > 1 for e in events if e.call == "kv_digest"):
         return None
     kv = [e for e in events if e.call == "kv_digest" and e.reqs]
+    # D's request -> P's (add_request's remote_request_id; pull runs D's under its own ids)
+    remote = {e.reqs[0]: str(e.result["remote_request_id"]) for e in events
+              if e.call == "add_request" and e.reqs and e.result.get("remote_request_id")}
     sent = {e.reqs[0].rsplit("-", 1)[0]: e.result.get("digest") for e in kv
             if e.result.get("side") == "sent"}  # fmt: skip
-    pairs = [(r, sent[r], e.result.get("digest")) for e in kv
-             if e.result.get("side") == "received" and (r := e.reqs[0].rsplit("-", 1)[0]) in sent]
+    pairs = [(r, sent[r], e.result.get("digest")) for e in kv if e.result.get("side")
+             == "received" and (r := remote.get(e.reqs[0], e.reqs[0]).rsplit("-", 1)[0]) in sent]
     if not pairs:
         return None
     same = [s is not None and s == d for _, s, d in pairs]

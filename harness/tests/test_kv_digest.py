@@ -75,3 +75,36 @@ def test_the_kv_bytes_check_pairs_p_and_d_by_request() -> None:
     # an unknown digest (None) never counts as the same KV
     unknown = [_kv("P", "p0-aa", "sent", None), _kv("D", "p0-cc", "received", None)]
     assert not kv_bytes_check(unknown, reused=False).ok  # type: ignore[union-attr]
+
+
+def test_the_scheduler_hands_p_s_worker_the_blocks_of_what_it_finished(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pull mode: the recording scheduler notes a finished request's blocks when it holds
+    them for a transfer and puts them on the next step's metadata; the worker reads them
+    beside push mode's own. Negative controls: a request freed at once (no delay), or a
+    recording that asked for no digest, hands nothing."""
+    conn = SimpleNamespace()
+    monkeypatch.setenv(kv_digest.DIGEST_ENV, "1")
+    kv_digest.note_finished(conn, "p0-a", [[3, 4]], delay=True)
+    kv_digest.note_finished(conn, "local-b", [[5]], delay=False)
+    meta = SimpleNamespace(push_finished_blocks={"p1-c": ([7],)})
+    kv_digest.attach(conn, meta)
+    assert kv_digest.finished_blocks(meta) == {"p0-a": [3, 4], "p1-c": ([7],)}
+    later = SimpleNamespace()
+    kv_digest.attach(conn, later)  # handed over once
+    assert kv_digest.finished_blocks(later) == {}
+    monkeypatch.delenv(kv_digest.DIGEST_ENV)
+    kv_digest.note_finished(conn, "p2-d", [[9]], delay=True)
+    kv_digest.attach(conn, later)
+    assert kv_digest.finished_blocks(later) == {}
+
+
+def test_pull_pairs_d_s_request_with_p_s_through_add_request() -> None:
+    """Pull runs D's requests under D's own ids ("d0-..."); D's add_request names P's."""
+    add = Event("D", "kv_both", "scheduler", 0, 1, 1, 0, 1, "add_request", reqs=("d0-x",),
+                result={"remote_request_id": "p0-aa", "remote_prefill": True})  # fmt: skip
+    events = [add, _kv("P", "p0-aa", "sent", "x0"), _kv("D", "d0-x", "received", "x0")]
+    ok = kv_bytes_check(events, reused=False)
+    assert ok is not None and ok.ok and "p0: P x0, D x0" in ok.detail
+    assert kv_bytes_check(events[1:], reused=False) is None  # unnamed: "d0" is not "p0"

@@ -33,6 +33,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (
 
 from kvspec.drivers.vllm_adapters import recv_blocks
 from kvspec.record import kv_digest
+from kvspec.record.describe import describe
 from kvspec.record.log import DIR_ENV, Recorder
 
 try:  # push mode: vLLM 0.32+ (nixl/connector.py NixlPushConnector)
@@ -157,37 +158,6 @@ def install_scheduler_hooks() -> None:
     _wrap(Scheduler, "finish_requests", _after_finish)
     _wrap(Scheduler, "_free_blocks", _after_free)
     setattr(Scheduler, _PATCHED, True)
-
-
-def _describe(connector: Any, vllm_config: Any) -> dict[str, Any]:
-    """What kvspec validate needs to pick the spec's constants."""
-    import vllm
-
-    p = vllm_config.parallel_config
-    return {
-        "connector": type(connector).__name__,
-        "children": [type(c).__name__ for c in getattr(connector, "_connectors", ())],
-        "async_scheduling": bool(getattr(vllm_config.scheduler_config, "async_scheduling",
-                                         False)),
-        "tp": int(p.tensor_parallel_size), "pp": int(p.pipeline_parallel_size),
-        "pcp": int(getattr(p, "prefill_context_parallel_size", 1) or 1),
-        # Decode.tla's MLA: P TP > D TP reads one rank, notify-only to the rest
-        "mla": bool(getattr(getattr(vllm_config, "model_config", None), "use_mla", False)),
-        "vllm": str(getattr(vllm, "__version__", "?")),
-        # the NIXL scheduler's kv_lease_duration (base_scheduler.py:82-86): the clock's tick
-        "lease": _lease(connector),
-        # Decode.tla's Policy (config/kv_transfer.py: "fail" unless "recompute")
-        "kv_load_failure_policy": str(getattr(vllm_config.kv_transfer_config,
-                                              "kv_load_failure_policy", "fail")),
-    }  # fmt: skip
-
-
-def _lease(connector: Any) -> int | None:
-    for c in [connector, *getattr(connector, "_connectors", ())]:
-        sched = getattr(c, "connector_scheduler", None)
-        if sched is not None and hasattr(sched, "_kv_lease_duration"):
-            return int(sched._kv_lease_duration)
-    return None
 
 
 def _nixl_worker(connector: Any) -> Any:
@@ -365,7 +335,7 @@ class _Recording:
         self._kvspec_rec = _make_recorder(vllm_config, role)
         if self._kvspec_rec.role == "scheduler":
             install_scheduler_hooks()
-            self._kvspec_rec.emit("start", **_describe(self, vllm_config))
+            self._kvspec_rec.emit("start", **describe(self, vllm_config))
         else:
             _wrap_reads(self, self._kvspec_rec)
             try:
@@ -394,11 +364,16 @@ class _Recording:
 
     def start_load_kv(self, *args: Any, **kwargs: Any) -> None:
         super().start_load_kv(*args, **kwargs)  # type: ignore[misc]
-        # push: each request P finished last step, its blocks (push_scheduler.py:336-338)
+        # each request P finished since the last step, with its blocks (kv_digest)
         meta = getattr(self, "_connector_metadata", None)
-        for rid, blocks in dict(getattr(meta, "push_finished_blocks", None) or {}).items():
+        for rid, blocks in kv_digest.finished_blocks(meta).items():
             kv_digest.emit(self._kvspec_rec, _nixl_worker(self), self._kvspec_caches,
                            str(rid), blocks, "sent")  # fmt: skip
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        meta = super().build_connector_meta(scheduler_output)  # type: ignore[misc]
+        kv_digest.attach(self, meta)  # pull: the blocks P's worker digests
+        return meta
 
     # MultiConnector.request_finished_all_groups calls self.request_finished when a child
     # lacks HMA (multi_connector.py:595-607): one finish, recorded once, at the outer call.
@@ -431,6 +406,7 @@ class _Recording:
             blocks = -1
         self._kvspec_rec.emit("request_finished", reqs=[request.request_id],
                               delay=bool(out[0]), status=status, blocks=blocks)  # fmt: skip
+        kv_digest.note_finished(self, str(request.request_id), groups, bool(out[0]))
 
     # the receives registered on this rank at its last report (get_finished pops the ones
     # it reports): which request a load error's blocks belong to

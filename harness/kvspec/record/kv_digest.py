@@ -94,3 +94,37 @@ def emit(rec: Any, worker: Any, caches: dict[str, Any] | None, rid: str, blocks:
         rec.emit("kv_digest", reqs=[rid], side=side, digest=dg, blocks=n)
     except Exception as exc:  # noqa: BLE001 - never raise into vLLM
         rec.emit("recorder_error", where="kv_digest", error=repr(exc))
+
+
+# Pull mode: P's worker never sees a request's blocks (D READs them one-sided), so the
+# recording scheduler hands them over on the step's connector metadata, which vLLM pickles
+# to the workers as it is (an attribute of ours; only where a digest is asked for).
+PENDING_ATTR = "kvspec_finished_blocks"
+
+
+def note_finished(connector: Any, rid: str, groups: Any, delay: bool) -> None:
+    """The scheduler finished rid and holds its blocks for a transfer: hand them to the
+    workers with the next metadata (`attach`)."""
+    if enabled() and delay:
+        try:
+            vars(connector).setdefault("_kvspec_pending", {})[rid] = first_group(groups)
+        except (TypeError, ValueError):  # block ids of a shape we do not know: none
+            pass
+
+
+def attach(connector: Any, meta: Any) -> None:
+    """Put the blocks noted since the last step on this step's metadata."""
+    pending = vars(connector).get("_kvspec_pending")
+    if pending:
+        try:
+            setattr(meta, PENDING_ATTR, dict(pending))
+            pending.clear()
+        except (AttributeError, TypeError):  # a metadata that takes no attribute: none
+            pending.clear()
+
+
+def finished_blocks(meta: Any) -> dict[str, Any]:
+    """The blocks of the requests a worker's metadata says P finished: push mode's own
+    (`push_finished_blocks`, push_scheduler.py:336-338) and the recorder's (`attach`)."""
+    return {**dict(getattr(meta, PENDING_ATTR, None) or {}),
+            **dict(getattr(meta, "push_finished_blocks", None) or {})}  # fmt: skip
