@@ -44,9 +44,11 @@ def test_a_digest_is_the_blocks_bytes(layout: tuple[int, ...], dtype: object) ->
 
 def test_a_logical_block_is_its_kernel_blocks_and_receives_keep_their_order() -> None:
     assert kv_digest.kernel_blocks([1, 3], 2) == [2, 3, 6, 7]
-    assert kv_digest.first_group(([4, 2], [9])) == [4, 2] and kv_digest.first_group([5]) == [5]
+    from kvspec.drivers.vllm_adapters import first_group, recv_block_lists, recv_blocks
+
+    assert first_group(([4, 2], [9])) == [4, 2] and first_group([5]) == [5]
     w = SimpleNamespace(_recving_metadata={"d0": SimpleNamespace(local_block_ids=([3, 1],))})
-    assert kv_digest.ordered_recv_blocks(w) == {"d0": [3, 1]}
+    assert recv_block_lists(w) == {"d0": [3, 1]} and recv_blocks(w) == {"d0": frozenset({1, 3})}
     caches = _caches((10, 16, 8), torch.float32)  # CPU_MLA: two kernel blocks a block
     nw = SimpleNamespace(_physical_blocks_per_logical_kv_block=2, num_blocks=10)
     assert kv_digest.of_request(nw, caches, ([1],)) == (

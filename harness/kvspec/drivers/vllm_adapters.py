@@ -116,16 +116,25 @@ def add_recv(meta: Any, rid: str, blocks: Any, params: dict[str, Any]) -> None:
     meta.add_new_req_to_recv(rid, blocks, params, **extra)
 
 
-def recv_blocks(worker: Any) -> dict[str, frozenset[int]]:
+def first_group(block_ids: Any) -> list[int]:
+    """A request's blocks of the first KV cache group, in order (vLLM's BlockIds: a tuple
+    of lists per group, or one flat list in older releases)."""
+    groups = list(block_ids or ())
+    first = groups[0] if groups and isinstance(groups[0], (list, tuple)) else groups
+    return [int(b) for b in first]
+
+
+def recv_block_lists(worker: Any) -> dict[str, list[int]]:
     """Each receive registered on a NIXL worker (`_recving_metadata`) and its local blocks
-    of the first KV cache group: those NIXL marks invalid when it fails (0.32
-    base_worker.py:2914, 0.29 base_worker.py:2434). Taken before the report pops them."""
-    out: dict[str, frozenset[int]] = {}
-    for rid, meta in dict(getattr(worker, "_recving_metadata", None) or {}).items():
-        groups = getattr(meta, "local_block_ids", None) or ()
-        first = groups[0] if groups and isinstance(groups[0], (list, tuple)) else groups
-        out[str(rid)] = frozenset(int(b) for b in first)
-    return out
+    of the first KV cache group, in order. Taken before the report pops them."""
+    return {str(rid): first_group(getattr(meta, "local_block_ids", None))
+            for rid, meta in dict(getattr(worker, "_recving_metadata", None) or {}).items()}
+
+
+def recv_blocks(worker: Any) -> dict[str, frozenset[int]]:
+    """`recv_block_lists` as sets: the blocks NIXL marks invalid when a receive fails
+    (0.32 base_worker.py:2914, 0.29 base_worker.py:2434)."""
+    return {rid: frozenset(b) for rid, b in recv_block_lists(worker).items()}
 
 
 def load_failed(res: TransferResults, blocks: dict[str, frozenset[int]],

@@ -31,7 +31,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (
     NixlConnector as _VllmNixl,
 )
 
-from kvspec.drivers.vllm_adapters import recv_blocks
+from kvspec.drivers.vllm_adapters import recv_block_lists, recv_blocks
 from kvspec.record import kv_digest
 from kvspec.record.describe import describe
 from kvspec.record.log import DIR_ENV, Recorder
@@ -348,7 +348,7 @@ class _Recording:
                 self._kvspec_rec.emit("recorder_note", note=f"handshakes not recorded: {exc!r}")
 
     _kvspec_caches: dict[str, Any] | None = None
-    _kvspec_recv: dict[str, list[int]] = {}  # ordered: kv_digest.ordered_recv_blocks
+    _kvspec_recv: dict[str, list[int]] = {}  # ordered: recv_block_lists
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         super().register_kv_caches(kv_caches)  # type: ignore[misc]
@@ -417,7 +417,7 @@ class _Recording:
             self._kvspec_blocks = recv_blocks(_nixl_worker(self))
             if kv_digest.enabled():  # (nothing kept where no digest is asked for)
                 self._kvspec_recv = {**self._kvspec_recv,
-                                     **kv_digest.ordered_recv_blocks(_nixl_worker(self))}
+                                     **recv_block_lists(_nixl_worker(self))}
         except Exception as exc:  # noqa: BLE001 - never raise into vLLM
             self._kvspec_rec.emit("recorder_error", where="_recving_metadata", error=repr(exc))
 

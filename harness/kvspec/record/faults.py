@@ -26,6 +26,8 @@ Heartbeats lost: the writer forwards D's notifications to P's step on
 `_pending_completion_notifs` (push_worker.py:278-284); the fault's queue drops those
 starting "HB:", as a D whose `send_notif` failed (logged at debug, base_worker.py
 3203-3211) would have them dropped. Nothing else changes: the parked WRITE is vLLM's.
+With `late:<lease s>:<file>` (pd-push-p-handshake-late-reuse) the exchange ends once the
+scenario created the file (after P reused the freed blocks) instead (`late_go_file`).
 """
 
 from __future__ import annotations

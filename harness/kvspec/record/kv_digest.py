@@ -16,17 +16,11 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from kvspec.drivers.vllm_adapters import first_group
+
 # Opt-in (kvspec scenario sets it): a digest copies a request's KV to the host and hashes
 # it on the worker's step, time a user's recorded deployment must not pay.
 DIGEST_ENV = "KVSPEC_KV_DIGEST"
-
-
-def first_group(block_ids: Any) -> list[int]:
-    """A request's blocks of the first KV cache group, in order (vLLM's BlockIds: a tuple
-    of lists per group, or one flat list in older releases)."""
-    groups = list(block_ids or ())
-    first = groups[0] if groups and isinstance(groups[0], (list, tuple)) else groups
-    return [int(b) for b in first]
 
 
 def kernel_blocks(blocks: Iterable[int], per_logical: int) -> list[int]:
@@ -57,15 +51,6 @@ def _bytes(t: Any) -> bytes:
     import torch
 
     return bytes(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-
-
-def ordered_recv_blocks(worker: Any) -> dict[str, list[int]]:
-    """Each receive registered on a NIXL worker (`_recving_metadata`) and its local blocks
-    of the first group, in order; taken before the report pops them."""
-    out: dict[str, list[int]] = {}
-    for rid, meta in dict(getattr(worker, "_recving_metadata", None) or {}).items():
-        out[str(rid)] = first_group(getattr(meta, "local_block_ids", None))
-    return out
 
 
 def of_request(worker: Any, caches: dict[str, Any] | None, logical: Any) -> tuple[str | None, int]:
