@@ -99,6 +99,9 @@ def test_mla_caches_are_allocated_in_amx_mla_kernel_blocks() -> None:
     with VllmDriver(_row(2), model="mla-amx") as d:
         cache = next(iter(d.c.caches[0].values()))
         assert d.c.nixl_worker(0).backend_name == "AMX_MLA"
+        # D's ranks too: the decode rows' AMX sample (test_decode_real) rests on them
+        assert {d.c.consumer_nixl(t).connector_worker.backend_name
+                for t in range(len(d.c.consumers))} == {"AMX_MLA"}  # fmt: skip
         assert int(d.c.nixl_worker(0).block_size) == vllm_env.BLOCK_SIZE
         assert cache.shape[-2] == vllm_env.BLOCK_SIZE and str(cache.dtype) == "torch.bfloat16"
         assert vllm_caches.logical_block(cache, 1).data_ptr() == cache[1].data_ptr()
