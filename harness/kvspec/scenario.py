@@ -68,6 +68,7 @@ def _engine(sc: Scenario, eid: str, model: Path, rec: Path, logs: Path,
             "--tp", str(sc.tp_of(eid)), "--lease", str(sc.lease),
             "--device", sc.device,
             "--child", sc.child, *(["--sync"] if sc.sync else []),
+            *([] if sc.prefix_caching else ["--no-prefix-caching"]),
             # each engine's ExampleConnector gets a fresh directory of its own: D's child
             # then finds nothing P stored (Decode.tla's multi-nixl-example)
             "--storage", str(logs / f"example-{eid}")]  # fmt: skip
@@ -199,6 +200,8 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
                                 and s >= sc.hang_s, f"posted to failed: {s} s"))  # fmt: skip
     if any(e.call == "kv_caches" for e in events):  # (recordings before 2026-12-06: none)
         res.checks.append(_backend_check(events, p_ids + d_ids))
+    if sc.d_prefix_hit:
+        res.checks.append(prefix_hit_check(events))
     kv = kv_bytes_check(events, sc.p_reuse > 0)
     if kv is not None:
         res.checks.append(kv)
@@ -253,19 +256,61 @@ def kv_bytes_check(events: list[Event], reused: bool) -> Check | None:
     # D's request -> P's (add_request's remote_request_id; pull runs D's under its own ids)
     remote = {e.reqs[0]: str(e.result["remote_request_id"]) for e in events
               if e.call == "add_request" and e.reqs and e.result.get("remote_request_id")}
-    sent = {e.reqs[0].rsplit("-", 1)[0]: e.result.get("digest") for e in kv
-            if e.result.get("side") == "sent"}  # fmt: skip
-    pairs = [(r, sent[r], e.result.get("digest")) for e in kv if e.result.get("side")
+    sent = {e.reqs[0].rsplit("-", 1)[0]: e for e in kv if e.result.get("side") == "sent"}
+    pairs = [(r, sent[r], e) for e in kv if e.result.get("side")
              == "received" and (r := remote.get(e.reqs[0], e.reqs[0]).rsplit("-", 1)[0]) in sent]
     if not pairs:
         return None
-    same = [s is not None and s == d for _, s, d in pairs]
-    detail = "; ".join(f"{r}: P {s}, D {d}" for r, s, d in pairs)
+    same = [same_kv(s, d) for _, s, d in pairs]
+    detail = "; ".join(f"{r}: P {_shown(s, d)}, D {d.result.get('digest')}" for r, s, d in pairs)
     if reused:
         return Check("D received other prompts' KV (P's digest at its finish differs from "
                      "D's at its receive, every request)", not any(same), detail)
     return Check("D received the KV bytes P computed (digest at P's finish = at D's "
                  "receive, every request)", all(same), detail)
+
+
+def received_blocks(events: list[Event]) -> dict[str, tuple[int, int]]:
+    """Per producer request (id less vLLM's suffix): (blocks P computed, blocks D received),
+    from the recorder's kv_digest events of world-1 engines."""
+    remote = {e.reqs[0]: str(e.result["remote_request_id"]) for e in events
+              if e.call == "add_request" and e.reqs and e.result.get("remote_request_id")}
+    kv = [e for e in events if e.call == "kv_digest" and e.reqs and e.world == 1]
+    sent = {e.reqs[0].rsplit("-", 1)[0]: int(e.result.get("blocks", 0)) for e in kv
+            if e.result.get("side") == "sent"}  # fmt: skip
+    return {r: (sent[r], int(e.result.get("blocks", 0))) for e in kv
+            if e.result.get("side") == "received"
+            and (r := remote.get(e.reqs[0], e.reqs[0]).rsplit("-", 1)[0]) in sent}
+
+
+def prefix_hit_check(events: list[Event]) -> Check:
+    """pd-d-prefix-hit: D held request 1's first block in its prefix cache, so it received
+    one block fewer than P computed for request 1 (p0), and all of request 2's (p1)."""
+    got = received_blocks(events)
+    ok = (set(got) == {"p0", "p1"} and got["p0"][1] == got["p0"][0] - 1
+          and got["p1"][1] == got["p1"][0])  # fmt: skip
+    return Check("D received only the blocks its prefix cache lacked (request 1: one "
+                 "fewer than P computed; request 2: all)", ok,
+                 ", ".join(f"{r}: P {n}, D {m}" for r, (n, m) in sorted(got.items())))
+
+
+def same_kv(sent: Event, got: Event) -> bool:
+    """Did D receive the bytes P computed? All of them, or, where D received fewer blocks
+    (a local prefix hit: D reads only the blocks after it, base_worker.py:3333-3337), the
+    last ones, block by block. An unknown digest (None) is never the same KV."""
+    s, d = sent.result, got.result
+    if int(d.get("blocks", 0)) < int(s.get("blocks", 0)):
+        tail, mine = list(s.get("per_block") or []), list(d.get("per_block") or [])
+        return bool(mine) and None not in mine and tail[len(tail) - len(mine):] == mine
+    return s.get("digest") is not None and s.get("digest") == d.get("digest")
+
+
+def _shown(sent: Event, got: Event) -> str | None:
+    """P's digest as the check shows it: of the blocks D received (the tail, marked)."""
+    n, tail = int(got.result.get("blocks", 0)), list(sent.result.get("per_block") or [])
+    if n < int(sent.result.get("blocks", 0)) and tail:
+        return f"last {n} blocks {tail[len(tail) - n:]}"
+    return sent.result.get("digest")
 
 
 def _handshake_timed_out(sc: Scenario, events: list[Event], d_ids: list[str]) -> str:

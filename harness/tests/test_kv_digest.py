@@ -51,8 +51,10 @@ def test_a_logical_block_is_its_kernel_blocks_and_receives_keep_their_order() ->
     assert recv_block_lists(w) == {"d0": [3, 1]} and recv_blocks(w) == {"d0": frozenset({1, 3})}
     caches = _caches((10, 16, 8), torch.float32)  # CPU_MLA: two kernel blocks a block
     nw = SimpleNamespace(_physical_blocks_per_logical_kv_block=2, num_blocks=10)
-    assert kv_digest.of_request(nw, caches, ([1],)) == (
-        kv_digest.digest(caches, [2, 3], 10), 1)  # fmt: skip
+    assert kv_digest.of_request(nw, caches, ([1, 4],)) == (
+        kv_digest.digest(caches, [2, 3, 8, 9], 10),
+        [kv_digest.digest(caches, [2, 3], 10), kv_digest.digest(caches, [8, 9], 10)],
+        2)  # fmt: skip
 
 
 def _kv(engine: str, rid: str, side: str, dg: str | None, world: int = 1) -> Event:

@@ -53,14 +53,19 @@ def _bytes(t: Any) -> bytes:
     return bytes(t.reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
-def of_request(worker: Any, caches: dict[str, Any] | None, logical: Any) -> tuple[str | None, int]:
-    """(digest, blocks) of a request's logical blocks on this worker's caches."""
+def of_request(worker: Any, caches: dict[str, Any] | None,
+               logical: Any) -> tuple[str | None, list[str | None], int]:  # fmt: skip
+    """(digest, per-block digests, blocks) of a request's logical blocks on this worker's
+    caches. Per block: a decode engine with a local prefix hit receives only the blocks
+    after it (base_worker.py:3333-3337), so its receive is compared with the tail of what
+    the producer computed (kvspec.scenario.kv_bytes_check)."""
     blocks = first_group(logical)
     if not caches or worker is None:
-        return None, len(blocks)
+        return None, [], len(blocks)
     per = int(getattr(worker, "_physical_blocks_per_logical_kv_block", 1) or 1)
     n = int(getattr(worker, "num_blocks", -1))
-    return digest(caches, kernel_blocks(blocks, per), n), len(blocks)
+    each = [digest(caches, kernel_blocks([b], per), n) for b in blocks]
+    return digest(caches, kernel_blocks(blocks, per), n), each, len(blocks)
 
 
 def enabled() -> bool:
@@ -75,8 +80,8 @@ def emit(rec: Any, worker: Any, caches: dict[str, Any] | None, rid: str, blocks:
     if not enabled():
         return
     try:
-        dg, n = of_request(worker, caches, blocks)
-        rec.emit("kv_digest", reqs=[rid], side=side, digest=dg, blocks=n)
+        dg, each, n = of_request(worker, caches, blocks)
+        rec.emit("kv_digest", reqs=[rid], side=side, digest=dg, blocks=n, per_block=each)
     except Exception as exc:  # noqa: BLE001 - never raise into vLLM
         rec.emit("recorder_error", where="kv_digest", error=repr(exc))
 

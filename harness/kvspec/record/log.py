@@ -58,7 +58,8 @@ caches'; since 2026-12-06) and, where `KVSPEC_KV_DIGEST=1` (kvspec scenario sets
 `kv_digest` (`result.side`: "sent", a push producer worker's blocks of a request the
 scheduler handed it as finished, or "received", a worker's blocks of a request it reports
 received; `result.digest`: sha256 of those blocks' bytes in every layer, 16 hex digits,
-null where the layout is unknown; `result.blocks`; kvspec.record.kv_digest). The
+null where the layout is unknown; `result.blocks`; `result.per_block`: each block's
+digest, in order, since 2026-12-07; kvspec.record.kv_digest). The
 scheduler's `start`
 event describes the deployment (`result.connector`, `children`: MultiConnector's children
 in their order, `tp`, `pp`, `pcp`, `async_scheduling`, `vllm`, `lease`: kv_lease_duration
