@@ -24,6 +24,12 @@ from kvspec.record.kv_digest import DIGEST_ENV
 from kvspec.record.log import DIR_ENV, FAULT_ENV, Event, read_dir
 from kvspec.record.mapping import Sides, validation_sides
 from kvspec.scenario_catalogue import MODEL_CONFIGS, SCENARIOS, Scenario
+from kvspec.scenario_checks import (
+    backend_check,
+    kv_bytes_check,
+    prefix_hit_check,
+    shared_block_check,
+)
 from kvspec.scenario_flows import (
     Check,
     ScenarioResult,
@@ -38,6 +44,7 @@ from kvspec.scenario_flows import (
     heartbeat_extended,
     held_after_d_finished,
     prompts,
+    shared_prompts,
     wait_until,
     writes_after_free,
 )
@@ -122,7 +129,7 @@ def run_scenario(sc: Scenario, out: Path, *, start_s: float = 600, step_s: float
     try:
         for e in engines:
             e.ask(None, start_s)  # the "ready" line
-        ps = prompts(sc.requests)
+        ps = shared_prompts(prompts(sc.requests)) if sc.shared_prefix else prompts(sc.requests)
         if sc.p_crash_mid_read:
             _crash_mid_read(sc, engines, ps, res, step_s, lambda: frees("P-scheduler-*.ndjson"),
                             lambda call: _count(rec, "D-worker-*.ndjson", call))  # fmt: skip
@@ -199,9 +206,11 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
                                 f"least {sc.hang_s:g} s), then failed", s is not None
                                 and s >= sc.hang_s, f"posted to failed: {s} s"))  # fmt: skip
     if any(e.call == "kv_caches" for e in events):  # (recordings before 2026-12-06: none)
-        res.checks.append(_backend_check(events, p_ids + d_ids))
+        res.checks.append(backend_check(events, p_ids + d_ids))
     if sc.d_prefix_hit:
         res.checks.append(prefix_hit_check(events))
+    if sc.shared_prefix:
+        res.checks.append(shared_block_check(events))
     kv = kv_bytes_check(events, sc.p_reuse > 0)
     if kv is not None:
         res.checks.append(kv)
@@ -227,90 +236,6 @@ def _judge(sc: Scenario, rec: Path, out: Path, res: ScenarioResult) -> ScenarioR
     else:
         res.verdict = "pass" if all(c.ok for c in res.checks) else "fail"
     return res
-
-
-def _backend_check(events: list[Event], engines: list[str]) -> Check:
-    """The attention backend each engine's workers ran, as recorded at registration (the
-    recorder's kv_caches event: vLLM's own pick for the host, nothing pinned), and that P
-    and D ran the same one, as NIXL's handshake needs of CPU_ATTN (base_worker.py:
-    2520-2521)."""
-    seen = {eid: sorted({f"{e.result.get('backend')} (kernel block "
-                         f"{e.result.get('kernel_block')}, {e.result.get('dtype')})"
-                         for e in events if e.engine == eid and e.call == "kv_caches"})
-            for eid in engines}  # fmt: skip
-    ok = all(len(v) == 1 for v in seen.values()) and len({v[0] for v in seen.values()}) == 1
-    return Check("every engine ran one attention backend, the same", ok,
-                 "; ".join(f"{eid} {', '.join(v) or 'not recorded'}" for eid, v in seen.items()))
-
-
-def kv_bytes_check(events: list[Event], reused: bool) -> Check | None:
-    """The KV D received against the KV P computed, request by request: the recorder's
-    kv_digest events (P's "sent" at its finish; D's "received" at its report), paired by
-    request id less vLLM's random suffix (push runs D's requests under
-    P's ids; pull's D names P's in add_request). Engines of one rank only (with more,
-    each rank holds its share of the heads). None where nothing pairs. `reused`:
-    P reused the freed blocks before its late WRITEs, so every pair must differ."""
-    if any(e.world > 1 for e in events if e.call == "kv_digest"):
-        return None
-    kv = [e for e in events if e.call == "kv_digest" and e.reqs]
-    # D's request -> P's (add_request's remote_request_id; pull runs D's under its own ids)
-    remote = {e.reqs[0]: str(e.result["remote_request_id"]) for e in events
-              if e.call == "add_request" and e.reqs and e.result.get("remote_request_id")}
-    sent = {e.reqs[0].rsplit("-", 1)[0]: e for e in kv if e.result.get("side") == "sent"}
-    pairs = [(r, sent[r], e) for e in kv if e.result.get("side")
-             == "received" and (r := remote.get(e.reqs[0], e.reqs[0]).rsplit("-", 1)[0]) in sent]
-    if not pairs:
-        return None
-    same = [same_kv(s, d) for _, s, d in pairs]
-    detail = "; ".join(f"{r}: P {_shown(s, d)}, D {d.result.get('digest')}" for r, s, d in pairs)
-    if reused:
-        return Check("D received other prompts' KV (P's digest at its finish differs from "
-                     "D's at its receive, every request)", not any(same), detail)
-    return Check("D received the KV bytes P computed (digest at P's finish = at D's "
-                 "receive, every request)", all(same), detail)
-
-
-def received_blocks(events: list[Event]) -> dict[str, tuple[int, int]]:
-    """Per producer request (id less vLLM's suffix): (blocks P computed, blocks D received),
-    from the recorder's kv_digest events of world-1 engines."""
-    remote = {e.reqs[0]: str(e.result["remote_request_id"]) for e in events
-              if e.call == "add_request" and e.reqs and e.result.get("remote_request_id")}
-    kv = [e for e in events if e.call == "kv_digest" and e.reqs and e.world == 1]
-    sent = {e.reqs[0].rsplit("-", 1)[0]: int(e.result.get("blocks", 0)) for e in kv
-            if e.result.get("side") == "sent"}  # fmt: skip
-    return {r: (sent[r], int(e.result.get("blocks", 0))) for e in kv
-            if e.result.get("side") == "received"
-            and (r := remote.get(e.reqs[0], e.reqs[0]).rsplit("-", 1)[0]) in sent}
-
-
-def prefix_hit_check(events: list[Event]) -> Check:
-    """pd-d-prefix-hit: D held request 1's first block in its prefix cache, so it received
-    one block fewer than P computed for request 1 (p0), and all of request 2's (p1)."""
-    got = received_blocks(events)
-    ok = (set(got) == {"p0", "p1"} and got["p0"][1] == got["p0"][0] - 1
-          and got["p1"][1] == got["p1"][0])  # fmt: skip
-    return Check("D received only the blocks its prefix cache lacked (request 1: one "
-                 "fewer than P computed; request 2: all)", ok,
-                 ", ".join(f"{r}: P {n}, D {m}" for r, (n, m) in sorted(got.items())))
-
-
-def same_kv(sent: Event, got: Event) -> bool:
-    """Did D receive the bytes P computed? All of them, or, where D received fewer blocks
-    (a local prefix hit: D reads only the blocks after it, base_worker.py:3333-3337), the
-    last ones, block by block. An unknown digest (None) is never the same KV."""
-    s, d = sent.result, got.result
-    if int(d.get("blocks", 0)) < int(s.get("blocks", 0)):
-        tail, mine = list(s.get("per_block") or []), list(d.get("per_block") or [])
-        return bool(mine) and None not in mine and tail[len(tail) - len(mine):] == mine
-    return s.get("digest") is not None and s.get("digest") == d.get("digest")
-
-
-def _shown(sent: Event, got: Event) -> str | None:
-    """P's digest as the check shows it: of the blocks D received (the tail, marked)."""
-    n, tail = int(got.result.get("blocks", 0)), list(sent.result.get("per_block") or [])
-    if n < int(sent.result.get("blocks", 0)) and tail:
-        return f"last {n} blocks {tail[len(tail) - n:]}"
-    return sent.result.get("digest")
 
 
 def _handshake_timed_out(sc: Scenario, events: list[Event], d_ids: list[str]) -> str:

@@ -128,12 +128,23 @@ class Scenario:
     # blocks (pull_scheduler.py: num_computed_tokens; base_worker.py:3333-3337 reads the
     # remote blocks after the locally computed ones)
     d_prefix_hit: bool = False
+    # The prompts share their first block (a system prompt), and P is given them one at a
+    # time: request 2 takes request 1's first block from P's prefix cache while request 1
+    # holds it for D's READ (one block, two holders: BlockPool ref counts)
+    shared_prefix: bool = False
 
     @property
     def stalls(self) -> bool:
         """D waits for a WRITE that cannot come: push, handed on after P's lease, or P's
         handshake with D failed."""
         return (self.late or self.p_handshake_fails) and self.connector == "NixlPushConnector"
+
+    @property
+    def token_oracle(self) -> bool:
+        """Is a local run's output the output D must decode? Not for the MLA fixture on
+        CPU: its tokens change with the batch a request runs in (README, "MLA has no token
+        oracle on CPU"); its scenarios check that D decoded every request, and the KV bytes."""
+        return not (self.model == "mla" and self.device == "cpu")
 
     @property
     def p_crashes(self) -> bool:
@@ -161,6 +172,10 @@ class Scenario:
                                   or self.queued or self.late or not self.consumer):  # fmt: skip
             raise ValueError(f"{self.name}: a prefix hit on D needs prefix caching, one P and "
                              "one D, and D given the requests at once")
+        if self.shared_prefix and (not self.prefix_caching or several or self.kv_blocks
+                                   or self.requests != 2):  # fmt: skip
+            raise ValueError(f"{self.name}: a shared prefix needs prefix caching, one P, "
+                             "2 requests, P given them one at a time")
         if self.p_reuse and not self.p_handshake_late:
             raise ValueError(f"{self.name}: P reuses freed blocks before a late WRITE only")
         if self.connector == "NixlPushConnector" and (self.queued or self.kv_blocks):
@@ -237,6 +252,10 @@ SCENARIOS = {
                  "default): D has computed request 1's first block for a local request, so "
                  "it READs only request 1's second block, and both of request 2's",
                  d_prefix_hit=True, lease=120),
+        Scenario("pd-shared-prefix", "P -> D, 2 requests whose first block is the same "
+                 "32 tokens (a system prompt), prefix caching on: P takes request 2's first "
+                 "block from its cache while request 1 holds it for D's READ, so one block "
+                 "is held by both until D has read both", shared_prefix=True, lease=120),
         Scenario("pd-mla", "P -> D over NIXL with an MLA model (DeepSeek-V2-shaped; the "
                  "host's MLA backend: AMX_MLA in bfloat16 with AMX tiles, else CPU_MLA)",
                  model="mla", lease=120),

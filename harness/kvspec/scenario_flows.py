@@ -76,6 +76,11 @@ def warm_prefix(ps: list[list[int]]) -> list[list[int]]:
     return [ps[0][:32] + [(t + 100) % 500 + 3 for t in ps[0][32:40]]]
 
 
+def shared_prompts(ps: list[list[int]]) -> list[list[int]]:
+    """sc.shared_prefix: every prompt starts with the first's 32 tokens (one block)."""
+    return [ps[0][:32] + p[32:] for p in ps]
+
+
 def go_file(out: Path) -> Path:
     """The file a scenario creates to end P's held handshake (faults.late_go_file)."""
     return out / "p-handshake.go"
@@ -160,6 +165,9 @@ def _one_pair(sc: Scenario, engines: list[EngineProc], ps: list[list[int]],
     handed: list[dict[str, Any]] = []
     if sc.kv_blocks and sc.consumer:
         pre, handed = _hand_on(engines[0], engines[1], ask_p, ps, sc.max_tokens, step_s)
+    elif sc.shared_prefix:  # one at a time: request 2 finds request 1's block cached
+        pre = {"outputs": [engines[0].ask({**ask_p, "prompts": [p], "tag": f"p{n}_"},
+                                          step_s)["outputs"][0] for n, p in enumerate(ps)]}
     else:
         pre = engines[0].ask(ask_p, step_s)
     # an aborted request has no kv_transfer_params: the consumer gets the others
@@ -285,11 +293,11 @@ def _outputs_check(sc: Scenario, got: list[dict[str, Any]],
         reasons = [got[n].get("finish") for n in kept]
         return Check("D failed every request (kv_load_failure_policy fail)",
                      reasons == ["error"] * len(kept), f"finish reasons {reasons}")
-    if sc.model == "mla" and sc.device == "cpu":
-        # No oracle: on CPU this MLA fixture's tokens change with the batch a request runs
-        # in (seeded weights, bfloat16 AMX_MLA: one prompt alone [467, 497, 255, 467], the
-        # same beside another [448, 24, 467, 186]; float32 CPU_MLA's third token 337 alone,
-        # 54 in a pair), and D's decode batch is not the local run's. The KV D received is
+    if not sc.token_oracle:
+        # On CPU this MLA fixture's tokens change with the batch a request runs in (seeded
+        # weights, bfloat16 AMX_MLA: one prompt alone [467, 497, 255, 467], the same
+        # beside another [448, 24, 467, 186]; float32 CPU_MLA's third token 337 alone, 54
+        # in a pair), and D's decode batch is not the local run's. The KV D received is
         # checked byte for byte where P's is recorded (kv_bytes_check).
         done = [len(got[n]["tokens"]) == sc.max_tokens and got[n].get("finish") != "error"
                 for n in kept]  # fmt: skip

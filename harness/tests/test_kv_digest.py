@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 from kvspec.record.log import Event
-from kvspec.scenario import kv_bytes_check
+from kvspec.scenario_checks import kv_bytes_check
 
 torch = pytest.importorskip("torch")
 

@@ -428,7 +428,7 @@ def test_the_attention_backend_check_reads_the_recorders_kv_caches_events() -> N
     the scenario checks that P and D ran one and the same. Negative controls: P on
     AMX_MLA and D on CPU_MLA fail it, and so does an engine that recorded none."""
     from kvspec.record.log import Event
-    from kvspec.scenario import _backend_check
+    from kvspec.scenario_checks import backend_check as _backend_check
 
     def kv(engine: str, rank: int, backend: str, kernel: int) -> Event:
         return Event(engine, "kv_both", "worker", rank, 1, 7, 0, 1, "kv_caches",
@@ -464,6 +464,7 @@ def test_mla_on_cpu_checks_that_d_decoded_not_which_tokens() -> None:
     from kvspec.scenario_flows import _outputs_check
 
     mla = SCENARIOS["pd-mla"]
+    assert not mla.token_oracle and SCENARIOS["pd-basic"].token_oracle
     full = {"tokens": [1, 2, 3, 4], "finish": "length"}
     other = {"tokens": [1, 5, 6, 7], "finish": "length"}
     assert _outputs_check(mla, [full, full], [other, other]).ok

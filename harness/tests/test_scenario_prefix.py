@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from kvspec.record.log import Event
-from kvspec.scenario import SCENARIOS, ScenarioResult, prefix_hit_check, same_kv
+from kvspec.scenario import SCENARIOS, ScenarioResult
+from kvspec.scenario_checks import prefix_hit_check, same_kv
 from kvspec.scenario_engine import engine_args, parser
 from kvspec.scenario_flows import LOCAL_SALT, _one_pair, prompts, warm_prefix
 from kvspec.scenario_proc import EngineProc
@@ -52,8 +53,9 @@ def _commands(tmp_path: Path, name: str) -> list[list[object]]:
         for e in engines:
             e.close()
     # (then the fake's EOFError at close)
-    return [json.loads(x) for x in (tmp_path / "D.log").read_text().splitlines()
-            if x.startswith("[")]
+    return [
+        json.loads(x) for x in (tmp_path / "D.log").read_text().splitlines() if x.startswith("[")
+    ]
 
 
 def test_the_local_reference_is_salted_and_a_prefix_hit_warms_d_first(tmp_path: Path) -> None:
@@ -89,8 +91,10 @@ def test_a_receive_after_a_local_hit_is_compared_with_the_tail_of_ps_blocks() ->
     assert not same_kv(sent, _kv("d0-b", "received", [None]))
     assert same_kv(sent, _kv("d0-b", "received", ["x", "y"], whole="w"))
     assert not same_kv(sent, _kv("d0-b", "received", ["b0", "b1"], whole="v"))
-    assert not same_kv(_kv("p0-a", "sent", ["b0", "b1"], whole=None),
-                       _kv("d0-b", "received", ["b0", "b1"], whole=None))
+    assert not same_kv(
+        _kv("p0-a", "sent", ["b0", "b1"], whole=None),
+        _kv("d0-b", "received", ["b0", "b1"], whole=None),
+    )
 
 
 def _add(rid: str, remote: str) -> Event:
@@ -101,6 +105,7 @@ def _add(rid: str, remote: str) -> Event:
 def test_the_prefix_hit_check_wants_one_block_fewer_for_request_1_only() -> None:
     """Negative controls: D received all of request 1's blocks (no hit), or fewer of
     request 2's (a hit the scenario did not stage)."""
+
     def run(n0: int, n1: int) -> bool:
         return prefix_hit_check([
             _add("d0-x", "p0-a"), _add("d1-y", "p1-b"),
@@ -118,3 +123,40 @@ def test_a_prefix_hit_needs_prefix_caching_and_one_pair() -> None:
         dataclasses.replace(SCENARIOS["pd-d-prefix-hit"], prefix_caching=False)
     with pytest.raises(ValueError, match="prefix hit"):
         dataclasses.replace(SCENARIOS["pd-d-prefix-hit"], late=True, lease=6)
+
+
+def _finished(rid: str, ids: list[int], delay: bool = True) -> Event:
+    result = {"delay": delay, "blocks": len(ids), "block_ids": ids}
+    return Event("P", "kv_both", "scheduler", 0, 1, 1, 0, 1, "request_finished",
+                 reqs=(rid,), result=result)  # fmt: skip
+
+
+def test_the_shared_block_check_wants_request_2s_first_block_to_be_request_1s() -> None:
+    """Negative controls: two blocks of their own each (no hit), or the same second block
+    (not a prefix: a bookkeeping error)."""
+    from kvspec.scenario_checks import shared_block_check
+
+    assert shared_block_check([_finished("p0_0", [5, 6]), _finished("p1_0", [5, 7])]).ok
+    assert not shared_block_check([_finished("p0_0", [5, 6]), _finished("p1_0", [8, 7])]).ok
+    assert not shared_block_check([_finished("p0_0", [5, 6]), _finished("p1_0", [5, 6])]).ok
+
+
+def test_a_shared_prefix_gives_p_the_prompts_one_at_a_time(tmp_path: Path) -> None:
+    """P gets request 1, then (its answer back: request 1 prefilled and held) request 2,
+    whose first 32 tokens are request 1's; D gets both at once."""
+    from kvspec.scenario_flows import shared_prompts
+
+    ps = shared_prompts(prompts(2))
+    assert ps[1][:32] == ps[0][:32] and ps[1][32:] == prompts(2)[1][32:]
+    sc = SCENARIOS["pd-shared-prefix"]
+    engines = [EngineProc(LOGS, {}, tmp_path / f"{e}.log", grace_s=0.1) for e in "PD"]
+    try:
+        _one_pair(sc, engines, ps, ScenarioResult(sc.name, "inconclusive", 0.0), 60)
+    finally:
+        for e in engines:
+            e.close()
+    p_cmds = [json.loads(x) for x in (tmp_path / "P.log").read_text().splitlines()
+              if x.startswith("[")]  # fmt: skip
+    assert [(t, len(q)) for t, _, q in p_cmds] == [("p0_", 1), ("p1_", 1)]
+    with pytest.raises(ValueError, match="shared prefix"):
+        dataclasses.replace(sc, requests=3)

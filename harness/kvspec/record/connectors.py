@@ -31,7 +31,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (
     NixlConnector as _VllmNixl,
 )
 
-from kvspec.drivers.vllm_adapters import recv_block_lists, recv_blocks
+from kvspec.drivers.vllm_adapters import first_group, recv_block_lists, recv_blocks
 from kvspec.record import kv_digest
 from kvspec.record.describe import describe
 from kvspec.record.log import DIR_ENV, Recorder
@@ -400,12 +400,14 @@ class _Recording:
 
     def _record_finished(self, request: Any, out: Any, groups: Any) -> None:
         status = getattr(getattr(request, "status", None), "name", "?")
-        try:  # the blocks it holds at its end, every KV cache group's (one pool)
-            blocks = sum(len(g) for g in groups or ())
-        except TypeError:
-            blocks = -1
+        try:  # the blocks it holds at its end, every KV cache group's (one pool), and the
+            # first group's ids: which blocks two requests share (a prefix-cache hit)
+            blocks, ids = sum(len(g) for g in groups or ()), first_group(groups)
+        except (TypeError, ValueError):
+            blocks, ids = -1, []
         self._kvspec_rec.emit("request_finished", reqs=[request.request_id],
-                              delay=bool(out[0]), status=status, blocks=blocks)  # fmt: skip
+                              delay=bool(out[0]), status=status, blocks=blocks,
+                              block_ids=ids)  # fmt: skip
         kv_digest.note_finished(self, str(request.request_id), groups, bool(out[0]))
 
     # the receives registered on this rank at its last report (get_finished pops the ones

@@ -29,7 +29,8 @@ from a producer, `do_remote_prefill`; then `result.remote_engine` and
 `invalid_block_ids`: the aggregated connector output, empty when the step had none),
 `finish_requests`
 (`result.status`), `request_finished` (`result.delay`, `result.status`, `result.blocks`:
-the KV blocks it holds then, every group's), `free_blocks`
+the KV blocks it holds then, every group's; `result.block_ids`: the first group's ids,
+in order, since 2026-12-07), `free_blocks`
 (`result.free`: free blocks after it); worker side `get_transfer_results` (the rank's
 finished_sending / finished_recving / failed_recving), `load_errors` (the rank's
 `get_block_ids_with_load_errors`, when not empty: `result.block_ids`, and `reqs` the

@@ -1,0 +1,140 @@
+"""The end-state checks `kvspec scenario` reads off a recording (pure: events in, a Check
+out): which attention backend each engine ran, whether D received the KV bytes P
+computed, and what the prefix cache did (a local hit on D, a block P's requests share)."""
+
+from __future__ import annotations
+
+from kvspec.record.log import Event
+from kvspec.scenario_flows import Check
+
+
+def backend_check(events: list[Event], engines: list[str]) -> Check:
+    """The attention backend each engine's workers ran, as recorded at registration (the
+    recorder's kv_caches event: vLLM's own pick for the host, nothing pinned), and that P
+    and D ran the same one, as NIXL's handshake needs of CPU_ATTN (base_worker.py:
+    2520-2521)."""
+    seen = {eid: sorted({f"{e.result.get('backend')} (kernel block "
+                         f"{e.result.get('kernel_block')}, {e.result.get('dtype')})"
+                         for e in events if e.engine == eid and e.call == "kv_caches"})
+            for eid in engines}  # fmt: skip
+    ok = all(len(v) == 1 for v in seen.values()) and len({v[0] for v in seen.values()}) == 1
+    return Check(
+        "every engine ran one attention backend, the same",
+        ok,
+        "; ".join(f"{eid} {', '.join(v) or 'not recorded'}" for eid, v in seen.items()),
+    )
+
+
+def kv_bytes_check(events: list[Event], reused: bool) -> Check | None:
+    """The KV D received against the KV P computed, request by request: the recorder's
+    kv_digest events (P's "sent" at its finish; D's "received" at its report), paired by
+    request id less vLLM's random suffix (push runs D's requests under
+    P's ids; pull's D names P's in add_request). Engines of one rank only (with more,
+    each rank holds its share of the heads). None where nothing pairs. `reused`:
+    P reused the freed blocks before its late WRITEs, so every pair must differ."""
+    if any(e.world > 1 for e in events if e.call == "kv_digest"):
+        return None
+    kv = [e for e in events if e.call == "kv_digest" and e.reqs]
+    # D's request -> P's (add_request's remote_request_id; pull runs D's under its own ids)
+    remote = {
+        e.reqs[0]: str(e.result["remote_request_id"])
+        for e in events
+        if e.call == "add_request" and e.reqs and e.result.get("remote_request_id")
+    }
+    sent = {e.reqs[0].rsplit("-", 1)[0]: e for e in kv if e.result.get("side") == "sent"}
+    pairs = [
+        (r, sent[r], e)
+        for e in kv
+        if e.result.get("side") == "received"
+        and (r := remote.get(e.reqs[0], e.reqs[0]).rsplit("-", 1)[0]) in sent
+    ]
+    if not pairs:
+        return None
+    same = [same_kv(s, d) for _, s, d in pairs]
+    detail = "; ".join(f"{r}: P {_shown(s, d)}, D {d.result.get('digest')}" for r, s, d in pairs)
+    if reused:
+        return Check(
+            "D received other prompts' KV (P's digest at its finish differs from "
+            "D's at its receive, every request)",
+            not any(same),
+            detail,
+        )
+    return Check(
+        "D received the KV bytes P computed (digest at P's finish = at D's receive, every request)",
+        all(same),
+        detail,
+    )
+
+
+def received_blocks(events: list[Event]) -> dict[str, tuple[int, int]]:
+    """Per producer request (id less vLLM's suffix): (blocks P computed, blocks D received),
+    from the recorder's kv_digest events of world-1 engines."""
+    remote = {
+        e.reqs[0]: str(e.result["remote_request_id"])
+        for e in events
+        if e.call == "add_request" and e.reqs and e.result.get("remote_request_id")
+    }
+    kv = [e for e in events if e.call == "kv_digest" and e.reqs and e.world == 1]
+    sent = {e.reqs[0].rsplit("-", 1)[0]: int(e.result.get("blocks", 0)) for e in kv
+            if e.result.get("side") == "sent"}  # fmt: skip
+    return {
+        r: (sent[r], int(e.result.get("blocks", 0)))
+        for e in kv
+        if e.result.get("side") == "received"
+        and (r := remote.get(e.reqs[0], e.reqs[0]).rsplit("-", 1)[0]) in sent
+    }
+
+
+def prefix_hit_check(events: list[Event]) -> Check:
+    """pd-d-prefix-hit: D held request 1's first block in its prefix cache, so it received
+    one block fewer than P computed for request 1 (p0), and all of request 2's (p1)."""
+    got = received_blocks(events)
+    ok = (set(got) == {"p0", "p1"} and got["p0"][1] == got["p0"][0] - 1
+          and got["p1"][1] == got["p1"][0])  # fmt: skip
+    return Check(
+        "D received only the blocks its prefix cache lacked (request 1: one "
+        "fewer than P computed; request 2: all)",
+        ok,
+        ", ".join(f"{r}: P {n}, D {m}" for r, (n, m) in sorted(got.items())),
+    )
+
+
+def shared_block_check(events: list[Event]) -> Check:
+    """pd-shared-prefix: P's two requests ended holding the same first block (request 2
+    took it from P's prefix cache) and each a second block of its own (request_finished's
+    block_ids, recorded since 2026-12-07)."""
+    ids = [
+        list(e.result.get("block_ids") or [])
+        for e in events
+        if e.engine == "P"
+        and e.role == "scheduler"
+        and e.call == "request_finished"
+        and e.result.get("delay")
+    ]
+    ok = len(ids) == 2 and all(len(b) == 2 for b in ids) and ids[0][0] == ids[1][0] \
+        and ids[0][1] != ids[1][1]  # fmt: skip
+    return Check(
+        "P held one block for both requests' READs (request 2's first block is "
+        "request 1's, from P's prefix cache)",
+        ok,
+        f"P's blocks per request {ids}",
+    )
+
+
+def same_kv(sent: Event, got: Event) -> bool:
+    """Did D receive the bytes P computed? All of them, or, where D received fewer blocks
+    (a local prefix hit: D reads only the blocks after it, base_worker.py:3333-3337), the
+    last ones, block by block. An unknown digest (None) is never the same KV."""
+    s, d = sent.result, got.result
+    if int(d.get("blocks", 0)) < int(s.get("blocks", 0)):
+        tail, mine = list(s.get("per_block") or []), list(d.get("per_block") or [])
+        return bool(mine) and None not in mine and tail[len(tail) - len(mine) :] == mine
+    return s.get("digest") is not None and s.get("digest") == d.get("digest")
+
+
+def _shown(sent: Event, got: Event) -> str | None:
+    """P's digest as the check shows it: of the blocks D received (the tail, marked)."""
+    n, tail = int(got.result.get("blocks", 0)), list(sent.result.get("per_block") or [])
+    if n < int(sent.result.get("blocks", 0)) and tail:
+        return f"last {n} blocks {tail[len(tail) - n :]}"
+    return sent.result.get("digest")
