@@ -252,6 +252,11 @@ SCENARIOS = {
                  "default): D has computed request 1's first block for a local request, so "
                  "it READs only request 1's second block, and both of request 2's",
                  d_prefix_hit=True, lease=120),
+        # push_worker.py _xfer_blocks -> _apply_prefix_caching: D registers only its
+        # uncached blocks, and P end-trims its own to that suffix before it WRITEs
+        Scenario("pd-push-d-prefix-hit", "pd-d-prefix-hit in push mode: D registers only "
+                 "request 1's second block with P, and P WRITEs only its own last block "
+                 "into it", connector="NixlPushConnector", d_prefix_hit=True, lease=120),
         Scenario("pd-shared-prefix", "P -> D, 2 requests whose first block is the same "
                  "32 tokens (a system prompt), prefix caching on: P takes request 2's first "
                  "block from its cache while request 1 holds it for D's READ, so one block "

@@ -58,14 +58,18 @@ def _commands(tmp_path: Path, name: str) -> list[list[object]]:
     ]
 
 
-def test_the_local_reference_is_salted_and_a_prefix_hit_warms_d_first(tmp_path: Path) -> None:
-    """D's commands in order: (pd-d-prefix-hit) the warm prompt, sharing request 1's first
-    32 tokens and no more; the P/D requests; the local reference under LOCAL_SALT, so
-    its prompts hash apart from the blocks D received. Negative control: pd-basic warms
-    nothing."""
+@pytest.mark.parametrize(("name", "tag"), [("pd-d-prefix-hit", "d"),
+                                          ("pd-push-d-prefix-hit", "p")])  # fmt: skip
+def test_the_local_reference_is_salted_and_a_prefix_hit_warms_d_first(
+    tmp_path: Path, name: str, tag: str
+) -> None:
+    """D's commands in order: the warm prompt, sharing request 1's first 32 tokens and no
+    more; the P/D requests (push: under P's ids); the local reference under LOCAL_SALT,
+    so its prompts hash apart from the blocks D received. Negative control: pd-basic
+    warms nothing."""
     ps = prompts(2)
-    (warm, _, [w]), (pd, salt, _), (ref, ref_salt, _) = _commands(tmp_path, "pd-d-prefix-hit")
-    assert (warm, pd, salt, ref, ref_salt) == ("warm", "d", None, "local", LOCAL_SALT)
+    (warm, _, [w]), (pd, salt, _), (ref, ref_salt, _) = _commands(tmp_path, name)
+    assert (warm, pd, salt, ref, ref_salt) == ("warm", tag, None, "local", LOCAL_SALT)
     assert w == warm_prefix(ps)[0] and w[:32] == ps[0][:32] and w[32] != ps[0][32]
     assert len(w) == len(ps[0]) and not any(w[:33] == p[:33] for p in ps)
     basic = tmp_path / "basic"
