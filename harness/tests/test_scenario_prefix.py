@@ -164,3 +164,17 @@ def test_a_shared_prefix_gives_p_the_prompts_one_at_a_time(tmp_path: Path) -> No
     assert [(t, len(q)) for t, _, q in p_cmds] == [("p0_", 1), ("p1_", 1)]
     with pytest.raises(ValueError, match="shared prefix"):
         dataclasses.replace(sc, requests=3)
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_recorders_start_event_says_whether_prefix_caching_is_on(on: bool) -> None:
+    """A user's recording says whether its decode engine may hold part of a prompt."""
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace as NS
+
+    from kvspec.record.describe import describe
+
+    cfg = NS(parallel_config=NS(tensor_parallel_size=1, pipeline_parallel_size=1),
+             scheduler_config=NS(async_scheduling=False), model_config=NS(use_mla=False),
+             kv_transfer_config=NS(), cache_config=NS(enable_prefix_caching=on))  # fmt: skip
+    assert describe(object(), cfg)["prefix_caching"] is on

@@ -26,6 +26,10 @@ def describe(connector: Any, vllm_config: Any) -> dict[str, Any]:
         # Decode.tla's Policy (config/kv_transfer.py: "fail" unless "recompute")
         "kv_load_failure_policy": str(getattr(vllm_config.kv_transfer_config,
                                               "kv_load_failure_policy", "fail")),
+        # whether a decode engine may hold part of a prompt already (a local hit: it then
+        # receives only the blocks after it), and a producer's requests share blocks
+        "prefix_caching": bool(getattr(getattr(vllm_config, "cache_config", None),
+                                       "enable_prefix_caching", False)),
     }  # fmt: skip
 
 
