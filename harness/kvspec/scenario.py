@@ -27,6 +27,7 @@ from kvspec.scenario_catalogue import MODEL_CONFIGS, SCENARIOS, Scenario
 from kvspec.scenario_checks import (
     backend_check,
     kv_bytes_check,
+    longest_hold_gap_s,
     prefix_hit_check,
     shared_block_check,
 )
@@ -261,6 +262,11 @@ def _handshake_timed_out(sc: Scenario, events: list[Event], d_ids: list[str]) ->
         # the fault waits for the worker's reaper, then 2 s for the scheduler's free, which
         # a loaded machine may take longer over: the staged order not reached, no verdict
         return "timeout: P's held handshake ended before its scheduler freed the requests"
+    lease = sc.lease or 30
+    if sc.p_handshake_fails and (gap := longest_hold_gap_s(events, "P")) > lease:
+        # the check is that D's heartbeats kept P's blocks: P must step to handle them
+        return (f"timeout: P did not step for {gap:.0f} s while it held the requests, "
+                f"longer than its {lease} s lease (a stall of the loaded machine)")
     return ""
 
 
