@@ -34,7 +34,12 @@ def kv_bytes_check(events: list[Event], reused: bool) -> Check | None:
     P reused the freed blocks before its late WRITEs, so every pair must differ."""
     if any(e.world > 1 for e in events if e.call == "kv_digest"):
         return None
-    kv = [e for e in events if e.call == "kv_digest" and e.reqs]
+    # a failed receive's blocks were never written: recordings before 2026-12-07 digest it
+    # (0.32 reports it in finished_recving too), and 0.29 names it only by its load errors
+    failed = {r for e in events if e.call == "get_transfer_results"
+              for r in e.ids("failed_recving")} | {
+        r for e in events if e.call == "load_errors" for r in e.reqs}  # fmt: skip
+    kv = [e for e in events if e.call == "kv_digest" and e.reqs and e.reqs[0] not in failed]
     # D's request -> P's (add_request's remote_request_id; pull runs D's under its own ids)
     remote = {
         e.reqs[0]: str(e.result["remote_request_id"])

@@ -112,3 +112,20 @@ def test_pull_pairs_d_s_request_with_p_s_through_add_request() -> None:
     ok = kv_bytes_check(events, reused=False)
     assert ok is not None and ok.ok and "p0: P x0, D x0" in ok.detail
     assert kv_bytes_check(events[1:], reused=False) is None  # unnamed: "d0" is not "p0"
+
+
+def test_a_failed_receive_is_no_receive_for_the_kv_bytes_check() -> None:
+    """0.32 reports a failed receive in finished_recving too (pd-handshake-fail, make e2e
+    2026-12-07: D digested its unwritten blocks and the check failed). Recorders since
+    then digest no failed receive; older recordings' are left out by the check, as are
+    receives a 0.29 rank names only by their load errors. Negative control: the same
+    digest of a receive that did not fail fails the check."""
+    from dataclasses import replace
+
+    sent, got = _kv("P", "p0-aa", "sent", "x0"), _kv("D", "p0-cc", "received", "zeros")
+    assert not kv_bytes_check([sent, got], reused=False).ok  # type: ignore[union-attr]
+    both = {"failed_recving": ["p0-cc"], "finished_recving": ["p0-cc"]}
+    report = replace(got, call="get_transfer_results", reqs=(), result=both)
+    assert kv_bytes_check([sent, got, report], reused=False) is None
+    errors = replace(got, call="load_errors", result={"block_ids": [1, 2]})
+    assert kv_bytes_check([sent, got, errors], reused=False) is None

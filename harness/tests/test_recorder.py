@@ -237,7 +237,9 @@ class _PushShape(_Registers):
 
         self.connector_worker._recving_metadata = {}  # type: ignore[attr-defined]
         return SimpleNamespace(finished_sending=set(), finished_recving={"p0-d"},
-                               failed_recving=set())  # fmt: skip
+                               failed_recving=set(self.failed))  # fmt: skip
+
+    failed: frozenset[str] = frozenset()  # 0.32 reports a failed receive in both sets
 
 
 class _RecordedPush(_Recording, _PushShape):
@@ -291,3 +293,25 @@ def test_p_digests_what_it_finished_and_d_what_it_received(
     d2.get_transfer_results(set())
     (other,) = [e for e in _lines(tmp_path / "d2") if e["call"] == "kv_digest"]
     assert other["result"]["digest"] != sent["result"]["digest"]
+
+
+def test_d_digests_no_receive_that_failed(tmp_path: Path, monkeypatch: Any) -> None:
+    """0.32 reports a failed receive in finished_recving and failed_recving (measured:
+    pd-handshake-fail): its blocks were never written, so no "received" digest. Negative
+    control: the same report without the failure digests it (the test above)."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from kvspec.record.kv_digest import DIGEST_ENV
+
+    monkeypatch.setenv(DIGEST_ENV, "1")
+    d = _RecordedPush(Recorder("D", "kv_both", "worker", 0, 1, tmp_path / "d"))
+    d.failed = frozenset({"p0-d"})
+    d.register_kv_caches({"l0": torch.zeros(4, 8)})
+    d.connector_worker._recving_metadata = {  # type: ignore[attr-defined]
+        "p0-d": SimpleNamespace(local_block_ids=([1, 2],))}  # fmt: skip
+    d.get_transfer_results(set())
+    calls = [e["call"] for e in _lines(tmp_path / "d")]
+    assert "kv_digest" not in calls and "get_transfer_results" in calls

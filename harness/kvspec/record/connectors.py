@@ -439,10 +439,15 @@ class _Recording:
     def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
         self._snapshot_blocks()
         out = super().get_transfer_results(finished_req_ids)  # type: ignore[misc]
-        for rid in _ids(out.finished_recving):  # the KV this rank received, as it landed
-            kv_digest.emit(self._kvspec_rec, _nixl_worker(self), self._kvspec_caches, rid,
-                           [self._kvspec_recv.pop(rid, [])], "received")  # fmt: skip
-        for rid in _ids(getattr(out, "failed_recving", None)):
+        # the KV this rank received, as it landed; not a failed receive, which 0.32 reports
+        # in finished_recving too (measured: pd-handshake-fail), its blocks never written
+        failed = _ids(getattr(out, "failed_recving", None))
+        for rid in _ids(out.finished_recving):
+            blocks = self._kvspec_recv.pop(rid, [])
+            if rid not in failed:
+                kv_digest.emit(self._kvspec_rec, _nixl_worker(self), self._kvspec_caches, rid,
+                               [blocks], "received")  # fmt: skip
+        for rid in failed:
             self._kvspec_recv.pop(rid, None)
         self._kvspec_rec.emit(
             "get_transfer_results",
