@@ -315,3 +315,29 @@ def test_d_digests_no_receive_that_failed(tmp_path: Path, monkeypatch: Any) -> N
     d.get_transfer_results(set())
     calls = [e["call"] for e in _lines(tmp_path / "d")]
     assert "kv_digest" not in calls and "get_transfer_results" in calls
+
+
+def test_a_heartbeat_call_to_two_producers_gives_each_its_own_sends() -> None:
+    """pd-p-restart, make e2e 2026-12-07: D heartbeated the crashed P and its replacement
+    P2 in one `_send_heartbeats`; P's failed send was written as P2's too ("?"), and the
+    clock refused P2's log. Negative control: a send to an agent no engine has is still
+    written "?" (for every engine: whose it was is unknown)."""
+    from types import SimpleNamespace
+
+    from kvspec.record.connectors import _emit_sends
+
+    class _Rec:
+        def __init__(self) -> None:
+            self.got: dict[str, dict[str, Any]] = {}
+
+        def emit(self, call: str, **kw: Any) -> None:
+            self.got[kw["remote_engine"]] = {"sent": kw["sent"], "failed": kw["failed"]}
+
+    w = SimpleNamespace(_remote_agents={"P": {(0, 0): "agent-p"}, "P2": {(0, 0): "agent-p2"}})
+    by = {"P": SimpleNamespace(req_ids={"p1"}), "P2": SimpleNamespace(req_ids={"q0"})}
+    rec = _Rec()
+    _emit_sends(rec, w, by, [("agent-p", False), ("agent-p2", True)], 0)  # type: ignore[arg-type]
+    assert rec.got == {"P": {"sent": [], "failed": ["0:0"]},
+                       "P2": {"sent": ["0:0"], "failed": []}}  # fmt: skip
+    _emit_sends(rec, w, by, [("gone", True)], 0)  # type: ignore[arg-type]
+    assert rec.got == {"P": {"sent": ["?"], "failed": []}, "P2": {"sent": ["?"], "failed": []}}

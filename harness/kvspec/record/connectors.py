@@ -315,14 +315,20 @@ def _emit_sends(rec: Recorder, worker: Any, by_engine: dict[Any, Any],
                 got: list[tuple[Any, bool]], t_ns: int) -> None:  # fmt: skip
     """One heartbeat_send per producer engine. `_remote_agents[engine]` maps the producer's
     (pp rank, tp rank) to its agent name (base_worker.py:647): the message's rank is the
-    pair, written "pp:tp"."""
+    pair, written "pp:tp". Each engine gets the sends to its own agents, and those to an
+    agent no engine has ("?"): measured, pd-p-restart's D heartbeated the crashed P and its
+    replacement P2 in one call, and P's failed send was written as P2's "?" too."""
+    agents = {eid: {str(a): f"{k[0]}:{k[1]}" for k, a in
+                    dict(worker._remote_agents.get(eid, {})).items()}
+              for eid in by_engine}  # fmt: skip
+    known = {a for ranks in agents.values() for a in ranks}
     for eid, info in by_engine.items():
-        ranks = {str(a): f"{k[0]}:{k[1]}" for k, a in
-                 dict(worker._remote_agents.get(eid, {})).items()}  # fmt: skip
+        ranks = agents[eid]
+        mine = [(str(n), ok) for n, ok in got if str(n) in ranks or str(n) not in known]
         rec.emit("heartbeat_send", reqs=sorted(_ids(info.req_ids)), t_ns=t_ns,
                  remote_engine=str(eid),
-                 sent=sorted(ranks.get(str(n), "?") for n, ok in got if ok),
-                 failed=sorted(ranks.get(str(n), "?") for n, ok in got if not ok))  # fmt: skip
+                 sent=sorted(ranks.get(n, "?") for n, ok in mine if ok),
+                 failed=sorted(ranks.get(n, "?") for n, ok in mine if not ok))  # fmt: skip
 
 
 class _Recording:
