@@ -257,9 +257,9 @@ SCENARIOS = {
         Scenario("pd-push-d-prefix-hit", "pd-d-prefix-hit in push mode: D registers only "
                  "request 1's second block with P, and P WRITEs only its own last block "
                  "into it", connector="NixlPushConnector", d_prefix_hit=True, lease=120,
-                 # by name: in all 3 runs (2026-12-07) P's handshake with D hit vLLM's 5 s
-                 # wait while P's worker spun two threads (README: open)
-                 default=False),
+                 # 64 blocks: with the 32,767 of 1 GiB, P's handshake with D hit vLLM's
+                 # 5 s wait in 3 of 3 runs on 2 cores (README, make e2e 2026-12-07)
+                 pool_blocks=64),
         Scenario("pd-shared-prefix", "P -> D, 2 requests whose first block is the same "
                  "32 tokens (a system prompt), prefix caching on: P takes request 2's first "
                  "block from its cache while request 1 holds it for D's READ, so one block "
