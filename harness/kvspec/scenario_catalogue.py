@@ -1,6 +1,6 @@
 """The real-engine scenarios `kvspec scenario` knows (kvspec.scenario runs them): each one a
-deployment shape of P/D over NIXL, with the model config.json both engines load (dummy
-weights, no download)."""
+deployment shape of P/D over NIXL, with the model config.json both engines load (seeded
+random weights written beside it, kvspec.scenario_weights: no download)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class Scenario:
     device: str = "cpu"  # "cuda": GPU runners only (bench/gpu_check.sh)
     child: str = "ExampleConnector"  # MultiConnector's second child
     pcp: int = 1  # the producer's prefill_context_parallel_size (CUDA only)
-    model: str = "llama"  # MODEL_CONFIGS: the config.json both engines load (dummy weights)
+    model: str = "llama"  # MODEL_CONFIGS: the config.json both engines load (seeded weights)
     # D first runs this many local requests of `filler_tokens` tokens with one run slot
     # (max_num_seqs 1), so the remote ones wait in D's queue and D heartbeats them
     queued: int = 0
