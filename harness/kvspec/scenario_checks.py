@@ -5,7 +5,7 @@ computed, and what the prefix cache did (a local hit on D, a block P's requests 
 from __future__ import annotations
 
 from kvspec.record.log import Event
-from kvspec.scenario_flows import Check
+from kvspec.scenario_flows import Check, producer_ids
 
 
 def backend_check(events: list[Event], engines: list[str]) -> Check:
@@ -25,34 +25,31 @@ def backend_check(events: list[Event], engines: list[str]) -> Check:
     )
 
 
-def kv_bytes_check(events: list[Event], reused: bool) -> Check | None:
-    """The KV D received against the KV P computed, request by request: the recorder's
-    kv_digest events (P's "sent" at its finish; D's "received" at its report), paired by
-    request id less vLLM's random suffix (push runs D's requests under
-    P's ids; pull's D names P's in add_request). Engines of one rank only (with more,
-    each rank holds its share of the heads). None where nothing pairs. `reused`:
-    P reused the freed blocks before its late WRITEs, so every pair must differ."""
-    if any(e.world > 1 for e in events if e.call == "kv_digest"):
-        return None
-    # a failed receive's blocks were never written: recordings before 2026-12-07 digest it
-    # (0.32 reports it in finished_recving too), and 0.29 names it only by its load errors
+def digest_pairs(events: list[Event]) -> list[tuple[str, Event, Event]]:
+    """(producer request less vLLM's random suffix, P's "sent" kv_digest, D's "received"
+    one) for every request both recorded, engines of one rank only (with more, each rank
+    holds its share of the heads). D's request is paired through `producer_ids`. A failed
+    receive's blocks were never written: recorders before 2026-12-07 digested it (0.32
+    reports it in finished_recving too), and 0.29 names it only by its load errors."""
     failed = {r for e in events if e.call == "get_transfer_results"
               for r in e.ids("failed_recving")} | {
         r for e in events if e.call == "load_errors" for r in e.reqs}  # fmt: skip
-    kv = [e for e in events if e.call == "kv_digest" and e.reqs and e.reqs[0] not in failed]
-    # D's request -> P's (add_request's remote_request_id; pull runs D's under its own ids)
-    remote = {
-        e.reqs[0]: str(e.result["remote_request_id"])
-        for e in events
-        if e.call == "add_request" and e.reqs and e.result.get("remote_request_id")
-    }
+    kv = [e for e in events if e.call == "kv_digest" and e.reqs and e.world == 1
+          and e.reqs[0] not in failed]  # fmt: skip
+    remote = producer_ids(events)
     sent = {e.reqs[0].rsplit("-", 1)[0]: e for e in kv if e.result.get("side") == "sent"}
-    pairs = [
-        (r, sent[r], e)
-        for e in kv
-        if e.result.get("side") == "received"
-        and (r := remote.get(e.reqs[0], e.reqs[0]).rsplit("-", 1)[0]) in sent
-    ]
+    return [(r, sent[r], e) for e in kv if e.result.get("side") == "received"
+            and (r := remote.get(e.reqs[0], e.reqs[0]).rsplit("-", 1)[0]) in sent]  # fmt: skip
+
+
+def kv_bytes_check(events: list[Event], reused: bool) -> Check | None:
+    """The KV D received against the KV P computed, request by request (`digest_pairs`:
+    P's "sent" at its finish, D's "received" at its report). None where nothing pairs or
+    an engine has several ranks. `reused`: P reused the freed blocks before its late
+    WRITEs, so every pair must differ."""
+    if any(e.world > 1 for e in events if e.call == "kv_digest"):
+        return None
+    pairs = digest_pairs(events)
     if not pairs:
         return None
     same = [same_kv(s, d) for _, s, d in pairs]
@@ -71,29 +68,10 @@ def kv_bytes_check(events: list[Event], reused: bool) -> Check | None:
     )
 
 
-def received_blocks(events: list[Event]) -> dict[str, tuple[int, int]]:
-    """Per producer request (id less vLLM's suffix): (blocks P computed, blocks D received),
-    from the recorder's kv_digest events of world-1 engines."""
-    remote = {
-        e.reqs[0]: str(e.result["remote_request_id"])
-        for e in events
-        if e.call == "add_request" and e.reqs and e.result.get("remote_request_id")
-    }
-    kv = [e for e in events if e.call == "kv_digest" and e.reqs and e.world == 1]
-    sent = {e.reqs[0].rsplit("-", 1)[0]: int(e.result.get("blocks", 0)) for e in kv
-            if e.result.get("side") == "sent"}  # fmt: skip
-    return {
-        r: (sent[r], int(e.result.get("blocks", 0)))
-        for e in kv
-        if e.result.get("side") == "received"
-        and (r := remote.get(e.reqs[0], e.reqs[0]).rsplit("-", 1)[0]) in sent
-    }
-
-
 def prefix_hit_check(events: list[Event]) -> Check:
     """pd-d-prefix-hit: D held request 1's first block in its prefix cache, so it received
     one block fewer than P computed for request 1 (p0), and all of request 2's (p1)."""
-    got = received_blocks(events)
+    got = {r: (_blocks(s), _blocks(d)) for r, s, d in digest_pairs(events)}
     ok = (set(got) == {"p0", "p1"} and got["p0"][1] == got["p0"][0] - 1
           and got["p1"][1] == got["p1"][0])  # fmt: skip
     return Check(
@@ -126,23 +104,36 @@ def shared_block_check(events: list[Event]) -> Check:
     )
 
 
+def _blocks(e: Event) -> int:
+    return int(e.result.get("blocks", 0))
+
+
+def _tail(sent: Event, got: Event) -> list[str | None] | None:
+    """P's per-block digests of the blocks D received, where D received fewer than P
+    computed (a local prefix hit: D reads only the blocks after it,
+    base_worker.py:3333-3337); None where D received them all."""
+    if _blocks(got) >= _blocks(sent):
+        return None
+    each = list(sent.result.get("per_block") or [])
+    return each[len(each) - _blocks(got) :]
+
+
 def same_kv(sent: Event, got: Event) -> bool:
-    """Did D receive the bytes P computed? All of them, or, where D received fewer blocks
-    (a local prefix hit: D reads only the blocks after it, base_worker.py:3333-3337), the
-    last ones, block by block. An unknown digest (None) is never the same KV."""
-    s, d = sent.result, got.result
-    if int(d.get("blocks", 0)) < int(s.get("blocks", 0)):
-        tail, mine = list(s.get("per_block") or []), list(d.get("per_block") or [])
-        return bool(mine) and None not in mine and tail[len(tail) - len(mine) :] == mine
-    return s.get("digest") is not None and s.get("digest") == d.get("digest")
+    """Did D receive the bytes P computed? All of them, or after a local prefix hit the
+    last ones, block by block (`_tail`). An unknown digest (None) is never the same KV."""
+    tail = _tail(sent, got)
+    if tail is not None:
+        mine = list(got.result.get("per_block") or [])
+        return bool(mine) and None not in mine and tail == mine
+    return sent.result.get("digest") is not None and sent.result.get("digest") == got.result.get(
+        "digest"
+    )
 
 
 def _shown(sent: Event, got: Event) -> str | None:
     """P's digest as the check shows it: of the blocks D received (the tail, marked)."""
-    n, tail = int(got.result.get("blocks", 0)), list(sent.result.get("per_block") or [])
-    if n < int(sent.result.get("blocks", 0)) and tail:
-        return f"last {n} blocks {tail[len(tail) - n :]}"
-    return sent.result.get("digest")
+    tail = _tail(sent, got)
+    return f"last {len(tail)} blocks {tail}" if tail else sent.result.get("digest")
 
 
 def longest_hold_gap_s(events: list[Event], engine: str) -> float:

@@ -105,6 +105,13 @@ def failed_read_s(events: list[Event]) -> float | None:
     return min(fails) / 1e9 if fails else None
 
 
+def producer_ids(events: list[Event]) -> dict[str, str]:
+    """Each decode request named after the producer request it loads from: add_request's
+    remote_request_id (push runs D's requests under P's ids; pull's D has ids of its own)."""
+    return {e.reqs[0]: str(e.result["remote_request_id"]) for e in events
+            if e.call == "add_request" and e.reqs and e.result.get("remote_request_id")}
+
+
 def held_after_d_finished(events: list[Event], producer: str) -> dict[str, tuple[float, bool]]:
     """Per producer request: (seconds from its request_finished to the free of its
     blocks, whether that free came after the decode engine's request_finished of it: D
@@ -113,9 +120,7 @@ def held_after_d_finished(events: list[Event], producer: str) -> dict[str, tuple
     mine = [e for e in events if e.engine == producer and e.role == "scheduler"]
     done = {e.reqs[0]: e.t_ns for e in mine if e.call == "request_finished" and e.reqs}
     freed = {r: e.t_ns for e in mine if e.call == "free_blocks" for r in e.reqs}
-    d_of = {e.reqs[0]: str(e.result["remote_request_id"]) for e in events
-            if e.engine != producer and e.call == "add_request" and e.reqs
-            and e.result.get("remote_request_id")}  # fmt: skip
+    d_of = producer_ids(events)  # (a producer's own add_request names no remote request)
     d_done = {d_of[e.reqs[0]]: e.t_ns for e in events if e.engine != producer
               and e.call == "request_finished" and e.reqs and e.reqs[0] in d_of}  # fmt: skip
     return {r: ((freed[r] - t) / 1e9, freed[r] > d_done.get(r, freed[r]))
