@@ -53,9 +53,14 @@ test: venv-vllm lint
 	$(VLLM_PYTEST) --variant v0.30-shipped $(VLLM_SAMPLE) --junitxml=build/junit-vllm.xml
 
 # Everything `make test` does, with every conformance trace replayed on the real vLLM and the
-# tests marked slow (bigger graph-equality models).
+# tests marked slow (bigger graph-equality models), then every trace the shared-prefix layout
+# lays out again with vLLM's prefix caching on (drivers/prefix_layout.py; ~45 s a variant).
+# make test keeps conformance/test_vllm_prefix_caching.py's sample of it.
+VLLM_PREFIX := $(VLLM_PYTEST) --layout shared-prefix
 test-full:
 	$(MAKE) test VLLM_SAMPLE= PYTEST_MARK=
+	$(VLLM_PREFIX) --impl-patch fix-53903 --variant fixed --junitxml=build/junit-vllm-prefix-fixed.xml
+	$(VLLM_PREFIX) --variant v0.30-shipped --junitxml=build/junit-vllm-prefix.xml
 
 # The design-review artifact: trace coverage, the mutation campaign, the lease-clock sweeps
 # (spec/LeaseClock.tla, spec/KVClock.tla), the decode side's sweeps and their conformance

@@ -4,6 +4,9 @@
 --device cpu|cuda         the vllm driver's device
 --impl-patch NAME         a patch the vllm driver applies to vLLM (see its registry)
 --variant NAME            only traces of models of this design variant
+--layout NAME             the vllm driver's prompts: one-block (default) or shared-prefix
+                          (vLLM's prefix caching on, every prompt's first block shared;
+                          a row it cannot lay out is skipped: drivers/prefix_layout.py)
 --per-model N             at most N generated traces per model, spread evenly over its set
                           (regressions always run); make test uses it for the vllm driver,
                           make test-full replays every trace
@@ -18,8 +21,9 @@ from pathlib import Path
 
 import pytest
 from kvspec.conform import DriverFactory, driver_factory
+from kvspec.drivers.prefix_layout import LAYOUTS, unsupported
 from kvspec.drivers.vllm_env import vllm_logs
-from kvspec.matrix import DESIGNS
+from kvspec.matrix import DESIGNS, ModelRow
 
 _LOGS = pytest.StashKey[contextlib.ExitStack]()
 _LOG_PATH = pytest.StashKey[Path | None]()
@@ -32,6 +36,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--impl-patch", default=None, metavar="NAME")
     g.addoption("--variant", choices=DESIGNS, default=None)
     g.addoption("--per-model", type=int, default=None, metavar="N")
+    g.addoption("--layout", choices=sorted(LAYOUTS), default="one-block")
     g.addoption("--verbose-vllm", action="store_true", help="vLLM's log on the terminal")
 
 
@@ -68,18 +73,27 @@ def make_driver(pytestconfig: pytest.Config) -> DriverFactory:
     name = str(pytestconfig.getoption("--driver"))
     device = str(pytestconfig.getoption("--device"))
     patch = pytestconfig.getoption("--impl-patch")
+    layout = str(pytestconfig.getoption("--layout"))
     try:
-        return driver_factory(name, device, str(patch) if patch else None)
+        return driver_factory(name, device, str(patch) if patch else None, layout)
     except (ImportError, DriverUnavailable) as exc:  # vllm/nixl missing, or no such device
         pytest.skip(f"{name} driver unavailable on {device}: {exc}")
+
+
+def layout_refusal(config: pytest.Config, row: ModelRow) -> str | None:
+    """Why the vllm driver's --layout cannot run `row` (None: it can, or the reference
+    driver, which has no layout, replays it)."""
+    if config.getoption("--driver") != "vllm":
+        return None
+    return unsupported(LAYOUTS[str(config.getoption("--layout"))], row)
 
 
 def replay_extra(config: pytest.Config) -> str:
     """The non-default options, for the one-line replay command of a failure."""
     parts = []
-    for opt in ("--device", "--impl-patch"):
+    for opt in ("--device", "--impl-patch", "--layout"):
         v = config.getoption(opt)
-        if v and not (opt == "--device" and v == "cpu"):
+        if v and not (opt == "--device" and v == "cpu") and v != "one-block":
             parts.append(f"{opt} {v}")
     return " ".join(parts)
 

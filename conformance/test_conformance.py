@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import replay_extra
+from conftest import layout_refusal, replay_extra
 from kvspec.conform import DriverFactory, replay_retrying
 from kvspec.replay import load_trace, replay_command
 from kvspec.traces import sample_per_model, trace_files
@@ -45,6 +45,9 @@ def test_trace(
     trace_path: Path, make_driver: DriverFactory, driver_name: str, request: pytest.FixtureRequest
 ) -> None:
     trace = load_trace(trace_path)
+    refusal = layout_refusal(request.config, trace.row)
+    if refusal is not None:
+        pytest.skip(refusal)
     result = replay_retrying(make_driver, trace)
     if result.timeout is not None:
         # Neither a pass nor a failure: the clock, not vLLM's state, stopped every attempt.

@@ -69,7 +69,7 @@ def test_read_moves_the_producer_bytes_on_the_device(device: str) -> None:
         rd = d.reads[(1, 0)]
         torch = d.c.api.torch
         for name, cache in d.c.consumers_caches[0].items():
-            got, sent = cache[rd.local_block], d.c.caches[0][name][rd.remote_block]
+            got, sent = cache[rd.local[0]], d.c.caches[0][name][rd.remote[0]]
             assert got.device.type == device and torch.equal(got, sent)
             assert bool(sent.abs().sum() > 0)  # a zero block would match an unread one
 

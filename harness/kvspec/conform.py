@@ -123,8 +123,11 @@ class VariantResult:
         }
 
 
-def driver_factory(name: str, device: str = "cpu", impl_patch: str | None = None) -> DriverFactory:
-    """`reference` or `vllm` (imported lazily: vLLM costs ~12 s to import)."""
+def driver_factory(
+    name: str, device: str = "cpu", impl_patch: str | None = None, layout: str = "one-block"
+) -> DriverFactory:
+    """`reference` or `vllm` (imported lazily: vLLM costs ~12 s to import). `layout`: the
+    vllm driver's prompts and prefix caching (drivers/prefix_layout.LAYOUTS)."""
     if name == "reference":
         from kvspec.drivers.reference import ReferenceDriver
 
@@ -133,6 +136,7 @@ def driver_factory(name: str, device: str = "cpu", impl_patch: str | None = None
 
         return reference
     if name == "vllm":
+        from kvspec.drivers.prefix_layout import LAYOUTS
         from kvspec.drivers.vllm_driver import VllmDriver
         from kvspec.drivers.vllm_inbox import DEFAULT_WAITS
 
@@ -141,7 +145,9 @@ def driver_factory(name: str, device: str = "cpu", impl_patch: str | None = None
 
         def make(row: ModelRow, wait_scale: float = 1.0) -> Driver:
             waits = DEFAULT_WAITS.scaled(wait_scale)
-            return VllmDriver(row, device=device, impl_patch=impl_patch, waits=waits)
+            return VllmDriver(
+                row, device=device, impl_patch=impl_patch, waits=waits, layout=LAYOUTS[layout]
+            )
 
         return make
     raise ValueError(f"unknown driver {name!r}; use reference or vllm")

@@ -85,8 +85,8 @@ def test_p_to_d_transfer_bytes_and_free(nixl1: VllmDriver) -> None:
     rd = d.reads[(1, 0)]
     torch = d.c.api.torch
     for name, t in d.c.consumers_caches[0].items():
-        assert torch.equal(t[rd.local_block], d.c.caches[0][name][rd.remote_block])
-        assert bool(t[rd.local_block].abs().sum() > 0)
+        assert torch.equal(t[rd.local[0]], d.c.caches[0][name][rd.remote[0]])
+        assert bool(t[rd.local[0]].abs().sum() > 0)
     free_before = d.sched.kv_cache_manager.block_pool.get_num_free_blocks()
     run(d, *PREFILL)
     obs = d.observe()
@@ -232,8 +232,8 @@ def test_tp2_each_consumer_reads_its_tp_rank() -> None:
         rd = d.reads[(1, 1)]
         torch = d.c.api.torch
         for name, t in d.c.consumers_caches[1].items():
-            assert torch.equal(t[rd.local_block], d.c.caches[1][name][rd.remote_block])
-            assert not torch.equal(t[rd.local_block], d.c.caches[0][name][rd.remote_block])
+            assert torch.equal(t[rd.local[0]], d.c.caches[1][name][rd.remote[0]])
+            assert not torch.equal(t[rd.local[0]], d.c.caches[0][name][rd.remote[0]])
         run(d, *PREFILL)
         assert d.observe()["agg"] == (1,)  # rank 1 reported; rank 0 (not read yet) has not
         run(d, "consumer_start_load_kv(1, 0)", "consumer_get_finished(1, 0)", *PREFILL)

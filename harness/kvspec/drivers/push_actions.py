@@ -9,7 +9,7 @@ from typing import Any
 from kvspec.drivers.base import MissingAction
 from kvspec.drivers.push_seams import LazyHandshake
 from kvspec.drivers.push_side import PushSide, write_handles
-from kvspec.drivers.vllm_caches import logical_block
+from kvspec.drivers.vllm_caches import differing_layer, logical_block
 from kvspec.drivers.vllm_inbox import Waits
 from kvspec.drivers.vllm_view import Read, VllmView, req_id
 
@@ -114,7 +114,7 @@ class PushActions(VllmView):
         """The WRITE of r from rank w is posted (the spec's rd[r][w] = "inflight"), or
         parked on rank w's handshake with D ("parked")."""
         remote_block = int(self.params[r]["remote_block_ids"][0][0])
-        self.reads[(r, w)] = Read(state, r, remote_block)
+        self.reads[(r, w)] = Read(state, (r,), (remote_block,))
 
     def deliver_registration(self, r: int, w: int) -> Any:
         """D's worker for rank w sends r's PUSH_REG (start_load_kv -> the writer thread's
@@ -173,10 +173,11 @@ class PushActions(VllmView):
         self.waits.until(done, f"rank {w}'s WRITE of {rid} to complete")
         torch = self.c.api.torch
         t = self.c.consumer_of(w)
-        for name, cache in self.c.consumers_caches[t].items():
-            got = logical_block(cache, rd.local_block)
-            if not torch.equal(got, logical_block(self.c.caches[w][name], rd.remote_block)):
-                raise TransferCorrupted(f"req {r}: layer {name} differs after the WRITE")
+        bad = differing_layer(
+            torch, self.c.consumers_caches[t], rd.local, self.c.caches[w], rd.remote
+        )
+        if bad is not None:
+            raise TransferCorrupted(f"req {r}: layer {bad} differs after the WRITE")
         held.release(handles)
         rd.state = "done"
 

@@ -55,6 +55,22 @@ def logical_block(cache: Any, b: int) -> Any:
     return cache[b] if k == 1 else cache[b * k : (b + 1) * k]
 
 
+def differing_layer(
+    torch: Any,
+    got: dict[str, Any],
+    local: tuple[int, ...],
+    sent: dict[str, Any],
+    remote: tuple[int, ...],
+) -> str | None:
+    """The first layer whose logical blocks `local` of caches `got` differ from blocks
+    `remote` of caches `sent`, pairwise (None: every block equal)."""
+    for name, cache in got.items():
+        for lb, rb in zip(local, remote, strict=True):
+            if not torch.equal(logical_block(cache, lb), logical_block(sent[name], rb)):
+                return name
+    return None
+
+
 def _mla_spec(api: SimpleNamespace, cfg: Any) -> Any:
     """MLA's cache: one latent vector per token (kv_lora_rank + qk_rope_head_dim, the
     model config's head size), the same on every TP rank; as the model's MLAAttention

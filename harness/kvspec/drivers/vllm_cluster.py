@@ -3,21 +3,20 @@
 What is real: vLLM's v1 `Scheduler` (producer), W worker-side connector instances (NIXL pull
 or, for Transfer = "push", NixlPushConnector producers, optionally inside vLLM's
 `MultiConnector` next to vLLM's HF3FSKVConnector or its `OffloadingConnector`) over KV cache
-tensors allocated by
-`vllm.v1.worker.utils.allocate_kv_cache` (each TP rank holds its share of the KV heads) and
-registered with their own NIXL agents, the `KVOutputAggregator`, one decode-side worker
-`NixlConnector` (kv_consumer) per TP rank that handshakes over the real ZMQ side channel with
-the producer rank its transfer topology maps it to and issues real NIXL READs (UCX), and
-NIXL's notifications. In push mode the decode workers are NixlPushConnectors too, the decode
-engine has its own side channel and every producer rank handshakes with it (push_side.py).
-What is replaced: the model forward (the driver builds a synthetic `ModelRunnerOutput`),
-the process group (all workers live in one process: each worker is built as TP rank t of
-T by `tp_identity`, and its `pcp_rank` is set by hand after construction, as vLLM would
-derive both from its groups), HF3FS's metadata server, 3FS mount, CUDA streams and I/O
-threads (hf3fs_child.py: its saves are held until the spec's store_complete), and the
-upstream offloading spec's transfer engine (offload_upstream.py: the stock CPU worker refuses
-CPU tensors, and on CUDA its copies end within the step, where a trace may hold them).
-PP > 1 is unavailable (`PP_UNAVAILABLE` says why).
+tensors allocated by `vllm.v1.worker.utils.allocate_kv_cache` (each TP rank holds its share
+of the KV heads) and registered with their own NIXL agents, the `KVOutputAggregator`, one
+decode-side worker `NixlConnector` (kv_consumer) per TP rank that handshakes over the real
+ZMQ side channel with the producer rank its transfer topology maps it to and issues real
+NIXL READs (UCX), and NIXL's notifications. In push mode the decode workers are
+NixlPushConnectors too, the decode engine has its own side channel and every producer rank
+handshakes with it (push_side.py). What is replaced: the model forward (the driver builds a
+synthetic `ModelRunnerOutput`), the process group (all workers live in one process: each
+worker is built as TP rank t of T by `tp_identity`, and its `pcp_rank` is set by hand after
+construction, as vLLM would derive both from its groups), HF3FS's metadata server, 3FS
+mount, CUDA streams and I/O threads (hf3fs_child.py: its saves are held until the spec's
+store_complete), and the upstream offloading spec's transfer engine (offload_upstream.py:
+the stock CPU worker refuses CPU tensors, and on CUDA its copies end within the step, where
+a trace may hold them). PP > 1 is unavailable (`PP_UNAVAILABLE` says why).
 
 Devices (`device_plan`): on `cpu` the KV caches are host tensors that NIXL registers as
 DRAM; on `cuda` (the CUDA build of vLLM) they are allocated in VRAM, the connectors run with
@@ -26,15 +25,15 @@ GPU-to-GPU through UCX. `build_cluster` checks after construction that vLLM chos
 the memory type the plan expects, so a silently host-staged run cannot pass as a VRAM one.
 
 Cost: vLLM is imported once per process (`vllm_api()`), and clusters are pooled by shape
-(`acquire` / `release`): a released cluster keeps its NIXL agents, registered KV caches and
-the consumer's completed handshake, and is reset (every connector's request state cleared,
+(`acquire` / `release`): a released cluster keeps its NIXL agents, registered KV caches and the
+consumer's completed handshake, and is reset (every connector's request state cleared,
 notifications drained) before reuse. `shutdown_pool()` (also run at exit) tears every pooled
-cluster down: connector shutdown, memory deregistration, agents dropped, threads joined.
-At most `POOL_IDLE_MAX` clusters wait idle (the least recently released is torn down
-first): an idle cluster's NIXL agents keep their progress threads polling (measured: one
-idle PCP 1 cluster keeps 2 cores busy, 0.02 after shutdown_pool), and a pool of every
-shape a test session touched (~66 running threads, load average 67) starved 2 cores so
-badly that make test's unit stage took 22 minutes.
+cluster down: connector shutdown, memory deregistration, agents dropped, threads joined. At
+most `POOL_IDLE_MAX` clusters wait idle (the least recently released is torn down first): an
+idle cluster's NIXL agents keep their progress threads polling (measured: one idle PCP 1
+cluster keeps 2 cores busy, 0.02 after shutdown_pool), and a pool of every shape a test session
+touched (~66 running threads, load average 67) starved 2 cores so badly that make test's unit
+stage took 22 minutes.
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ from typing import Any
 from kvspec.drivers import push_side
 from kvspec.drivers.import_pins import unpin_import_tracebacks
 from kvspec.drivers.native_threads import native_threads_niced
+from kvspec.drivers.prefix_layout import ONE_BLOCK, Layout
 from kvspec.drivers.push_side import PushSide
 from kvspec.drivers.sharding import fixture_model, sharded_decode_tp, transfer_rank
 from kvspec.drivers.vllm_adapters import transfer_results
@@ -78,7 +78,7 @@ from kvspec.drivers.vllm_inbox import NotifInbox, SentToProducer, Waits, serve_h
 from kvspec.matrix import ModelRow, Topology
 from kvspec.model import HF3FS
 
-PoolKey = tuple[str, str, Topology, int, int, bool, str, str, int, str, int]
+PoolKey = tuple[str, str, Topology, int, int, bool, str, str, int, str, int, Layout]
 # The decode engine's connector: NIXL, or MultiConnector(NIXL, ExampleConnector) (a child
 # that never loads, delays or reports here: MultiConnector's own code is what it adds).
 DECODE_COMPOSITIONS = ("nixl", "multi-nixl-example")
@@ -86,11 +86,11 @@ DECODE_COMPOSITIONS = ("nixl", "multi-nixl-example")
 
 def pool_key(
     row: ModelRow, device: str, decode: str = "nixl", decode_tp: int = 0,
-    model: str = DEFAULT_MODEL,
+    model: str = DEFAULT_MODEL, layout: Layout = ONE_BLOCK,
 ) -> PoolKey:  # fmt: skip
     """What a cluster is built from: the row's constants except its variant (the variant is
     vLLM's code, shipped or patched, not the cluster's shape), the device, D's connector
-    and TP (0: the producer's), the fixture model and the producer's DCP."""
+    and TP (0: the producer's), the fixture model, the producer's DCP and the layout."""
     return (
         row.composition,
         row.transfer,
@@ -103,6 +103,7 @@ def pool_key(
         decode_tp or row.topology.tp,
         fixture_model(row, model, device),
         row.dcp,
+        layout,
     )
 
 
@@ -242,7 +243,7 @@ class Cluster:
 
 def build_cluster(
     row: ModelRow, device: str, waits: Waits, decode: str = "nixl", decode_tp: int = 0,
-    model: str = DEFAULT_MODEL,
+    model: str = DEFAULT_MODEL, layout: Layout = ONE_BLOCK,
 ) -> Cluster:  # fmt: skip
     """`decode_tp`: D's TP (0: the producer's); each D rank handshakes the producer ranks
     vLLM's read plan gives it (hetero TP: nixl/tp_mapping.py). PCP + DCP sharded mode
@@ -260,7 +261,7 @@ def build_cluster(
     port = free_port()
     os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(port)
     os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "127.0.0.1"
-    blocks = row.capacity + 1  # + vLLM's null block
+    blocks = layout.producer_blocks(row)
     cfg = vllm_config(
         api,
         "kv_producer",
@@ -277,6 +278,7 @@ def build_cluster(
         transfer=row.transfer,
         model=model,
         dcp=row.dcp,
+        prefix_caching=layout.prefix_caching,
     )
     kc = kv_cache_config(api, cfg)
     gen = api.torch.Generator().manual_seed(1234 + n)
@@ -297,7 +299,7 @@ def build_cluster(
         f"kvspec-D-{os.getpid()}-{n}",
         decode,
         Topology(dtp, 1, 1),
-        row.requests + 1,
+        layout.consumer_blocks(row),
         False,
         device,
         disable_hma=bool(cfg.scheduler_config.disable_hybrid_kv_cache_manager),
@@ -307,7 +309,7 @@ def build_cluster(
     )
     consumers, consumers_caches = build_consumers(api, dcfg, plan, dtp, decode)
     cluster = Cluster(
-        key=pool_key(row, device, decode, decode_tp, model),
+        key=pool_key(row, device, decode, decode_tp, model, layout),
         composition=row.composition,
         topology=topo,
         api=api,
@@ -378,17 +380,9 @@ def _build_producers(
 
 
 def _serve_handshakes(
-    api: SimpleNamespace,
-    kc: Any,
-    engine_id: str,
-    workers: list[Any],
-    topo: Topology,
-    blocks: int,
-    device: str,
-    row: ModelRow,
-    waits: Waits,
-    model: str = DEFAULT_MODEL,
-) -> Any:
+    api: SimpleNamespace, kc: Any, engine_id: str, workers: list[Any], topo: Topology,
+    blocks: int, device: str, row: ModelRow, waits: Waits, model: str = DEFAULT_MODEL,
+) -> Any:  # fmt: skip
     """The producer engine's side channel: a scheduler-role NixlConnector serving every
     published rank's handshake metadata, keyed by (pp, tp) as the engine collects it."""
     lcfg = vllm_config(
@@ -427,11 +421,11 @@ POOL_WAITS = Waits()
 
 def acquire(
     row: ModelRow, device: str, waits: Waits, decode: str = "nixl", decode_tp: int = 0,
-    model: str = DEFAULT_MODEL,
+    model: str = DEFAULT_MODEL, layout: Layout = ONE_BLOCK,
 ) -> Cluster:  # fmt: skip
     """A reset cluster for `row` on `device` (D's connector `decode`, D's TP, the model's
-    KV heads): a pooled one of its key, or a new one."""
-    idle = _POOL.setdefault(pool_key(row, device, decode, decode_tp, model), [])
+    KV heads, the prompts' `layout`): a pooled one of its key, or a new one."""
+    idle = _POOL.setdefault(pool_key(row, device, decode, decode_tp, model, layout), [])
     if idle:
         c = idle.pop()
         if c in _IDLE_ORDER:
@@ -444,7 +438,7 @@ def acquire(
         return c
     # NIXL's progress threads spin (native_threads); an AMX fixture's backend (vllm_caches)
     with native_threads_niced(), amx_tiles(fixture_model(row, model, device)):
-        c = build_cluster(row, device, waits, decode, decode_tp, model)
+        c = build_cluster(row, device, waits, decode, decode_tp, model, layout)
     _LIVE.append(c)
     return c
 

@@ -15,7 +15,8 @@ Only the model forward is replaced: each rank's `ModelRunnerOutput` is synthetic
 sampled token per scheduled request); its `kv_connector_output` is what the real connector
 returned.
 
-Mapping: spec request r (1..NReq) is vLLM request id f"req-{r}" (a prompt of one block,
+Mapping: spec request r (1..NReq) is vLLM request id f"req-{r}" (a prompt of one block, or
+of a block every request shares and one of its own: prefix_layout.py;
 max_tokens = 1, kv_transfer_params do_remote_decode = True, added before the run in id
 order); spec rank w is worker index w, numbered as vLLM numbers global ranks (TP
 innermost): tp = w % TP, pcp = (w // TP) % PCP, pp = w // (TP * PCP), i.e.
@@ -41,6 +42,7 @@ from typing import Any
 from kvspec.drivers import offload_view as ov
 from kvspec.drivers.base import Driver, MissingAction
 from kvspec.drivers.patches import get_patch
+from kvspec.drivers.prefix_layout import ONE_BLOCK, Layout, unsupported
 from kvspec.drivers.push_actions import PushActions, TransferCorrupted
 from kvspec.drivers.vllm_adapters import (
     add_recv,
@@ -48,9 +50,9 @@ from kvspec.drivers.vllm_adapters import (
     transfer_results,
     worker_copy,
 )
-from kvspec.drivers.vllm_caches import logical_block
+from kvspec.drivers.vllm_caches import differing_layer, logical_block
 from kvspec.drivers.vllm_cluster import Cluster, acquire, discard, release
-from kvspec.drivers.vllm_env import BLOCK_SIZE, DEFAULT_MODEL, runner_output
+from kvspec.drivers.vllm_env import BLOCK_SIZE, DEFAULT_MODEL, DriverUnavailable, runner_output
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
 from kvspec.drivers.vllm_view import Read, Step, req_id, spec_r
 from kvspec.matrix import ModelRow
@@ -69,8 +71,14 @@ class VllmDriver(PushActions, Driver):
         decode_composition: str = "nixl",
         decode_tp: int = 0,
         model: str = DEFAULT_MODEL,
+        layout: Layout = ONE_BLOCK,
     ) -> None:
+        """`layout`: the prompts, pools and prefix caching (prefix_layout.py)."""
         super().__init__(row)
+        why = unsupported(layout, row)
+        if why is not None:
+            raise DriverUnavailable(why)
+        self.layout = layout
         self.waits = waits
         self.W = row.topology.world_size
         self.N = row.requests
@@ -79,7 +87,7 @@ class VllmDriver(PushActions, Driver):
         self.lazy = {}  # before the cluster: close() runs if building it fails
         if impl_patch is not None:
             patch = get_patch(impl_patch)  # an unknown patch fails before a cluster is built
-        self._cluster = acquire(row, device, waits, decode_composition, decode_tp, model)
+        self._cluster = acquire(row, device, waits, decode_composition, decode_tp, model, layout)
         c = self._cluster
         try:
             if impl_patch is not None:
@@ -107,7 +115,7 @@ class VllmDriver(PushActions, Driver):
             for r in range(1, self.N + 1):
                 rq = api.Request(
                     request_id=req_id(r),
-                    prompt_token_ids=[(r * 31 + i) % 500 + 3 for i in range(BLOCK_SIZE)],
+                    prompt_token_ids=layout.prompt(r, BLOCK_SIZE),
                     sampling_params=api.SamplingParams(max_tokens=1),
                     pooling_params=None,
                     block_hasher=hasher,
@@ -344,17 +352,18 @@ class VllmDriver(PushActions, Driver):
         self.post_read(r, w)
 
     def post_read(self, r: int, w: int) -> None:
-        """The decode worker of w's tp rank posts a real NIXL READ of r's block (no spec
+        """The decode worker of w's tp rank posts a real NIXL READ of r's blocks (no spec
         guard: the lease clock driver also reads blocks the producer already freed)."""
         api = self.c.api
         params = self.params[r]
-        remote_block = int(params["remote_block_ids"][0][0])
-        local_block = r  # consumer blocks 1..N (0 is vLLM's null block)
+        remote = tuple(int(b) for b in params["remote_block_ids"][0])
+        local = self.layout.local_blocks(r)
         t = self.c.consumer_of(w)
         for cache in self.c.consumers_caches[t].values():
-            logical_block(cache, local_block).zero_()
+            for b in local:
+                logical_block(cache, b).zero_()
         meta = api.NixlConnectorMetadata()
-        add_recv(meta, req_id(r), ([local_block],), dict(params))
+        add_recv(meta, req_id(r), (list(local),), dict(params))
         cons = self.c.consumers[t]
         cons.bind_connector_metadata(meta)
         try:
@@ -363,7 +372,7 @@ class VllmDriver(PushActions, Driver):
             cons.clear_connector_metadata()
         if req_id(r) not in cons.connector_worker._recving_transfers:
             raise MissingAction(f"consumer_start_load_kv({r}, {w}): no READ was posted")
-        self.reads[(r, w)] = Read("inflight", local_block, remote_block)
+        self.reads[(r, w)] = Read("inflight", local, remote)
 
     def consumer_get_finished(self, r: int, w: int) -> None:
         """Spec `consumer_get_finished(r, w)`: the decode worker's get_transfer_results
@@ -393,11 +402,11 @@ class VllmDriver(PushActions, Driver):
         self.recv_done.discard(key)
         if key in self.recv_failed:
             raise MissingAction(f"consumer_get_finished({r}, {w}): the READ failed")
-        torch = self.c.api.torch
-        for name, cache in self.c.consumers_caches[t].items():
-            got = logical_block(cache, rd.local_block)
-            if not torch.equal(got, logical_block(self.c.caches[w][name], rd.remote_block)):
-                raise TransferCorrupted(f"req {r}: layer {name} differs after the READ")
+        bad = differing_layer(
+            self.c.api.torch, self.c.consumers_caches[t], rd.local, self.c.caches[w], rd.remote
+        )
+        if bad is not None:
+            raise TransferCorrupted(f"req {r}: layer {bad} differs after the READ")
 
     def deliver_notif(self, r: int, w: int) -> None:
         """The READ's "r:1" notification, once arrived at rank w's agent, is delivered

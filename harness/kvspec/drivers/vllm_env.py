@@ -272,13 +272,15 @@ def vllm_config(
     model: str = DEFAULT_MODEL,
     dcp: int = 1,
     speculative: Callable[[Any], Any] | None = None,
+    prefix_caching: bool = False,
 ) -> Any:
     """The VllmConfig of one engine role (kv_producer / kv_consumer) with `blocks` KV blocks.
     `disable_hma`: --disable-hybrid-kv-cache-manager (None: vLLM decides; it turns the
     hybrid manager off for a connector without SupportsHMA, e.g. HF3FS, config/vllm.py
     ~2170-2192). `transfer`: the spec's Transfer ("push": NixlPushConnector). `model`: the fixture
     (MODELS). `dcp`: decode_context_parallel_size. `speculative`: the ModelConfig -> its
-    SpeculativeConfig, with prefix caching on (full_hit.py's deployment)."""
+    SpeculativeConfig, with prefix caching on (full_hit.py's deployment). `prefix_caching`:
+    on without one (prefix_layout.SHARED_PREFIX)."""
     from kvspec.drivers.vllm_caches import fixture_dtype, pinned_attention
 
     if model not in MODELS:
@@ -327,7 +329,8 @@ def vllm_config(
         seed=0,
     )
     spec = None if speculative is None else speculative(mcfg)
-    cache = api.CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=spec is not None)
+    caching = spec is not None or prefix_caching
+    cache = api.CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=caching)
     cache.num_gpu_blocks_override = blocks
     sched = api.SchedulerConfig(
         max_model_len=MAX_MODEL_LEN,

