@@ -307,17 +307,23 @@ def run_conform(
     results_path: Path = RESULTS,
     json_out: Path | None = None,
     progress: bool = False,
+    layout: str = "one-block",
 ) -> dict[str, JSON]:
     """Replay every committed trace on `driver`; returns (and writes) the summary JSON.
+    `layout` (vllm driver): a trace of a row it cannot lay out is left out and counted.
 
     Raises ImportError when the driver cannot be loaded, DriverUnavailable when it cannot
     run on `device` here, and FileNotFoundError when there are no traces; `kvspec review`
     turns the first two into a "not run" section.
     """
-    factory = driver_factory(driver, device, impl_patch)
+    from kvspec.drivers.prefix_layout import LAYOUTS, unsupported
+
+    factory = driver_factory(driver, device, impl_patch, layout)
     files = trace_files(variant) if traces_dir is None else trace_paths(traces_dir, variant)
-    traces = [load_trace(p) for p in files]
-    if not traces:
+    every = [load_trace(p) for p in files]
+    lay = LAYOUTS[layout] if driver == "vllm" else LAYOUTS["one-block"]
+    traces = [t for t in every if unsupported(lay, t.row) is None]
+    if not every:
         raise FileNotFoundError(f"no traces in {traces_dir}; run `kvspec traces`")
     results: dict[str, VariantResult] = {}
     with _progress(progress) as bar:
@@ -343,6 +349,8 @@ def run_conform(
         "device": device,
         "impl_patch": impl_patch,
         "driver": driver,
+        "layout": lay.name,
+        "not_laid_out": len(every) - len(traces),  # rows the layout cannot run
         "summary": report(results, impl, check_violations(results_path)),
         "variants": {v: r.to_json() for v, r in sorted(results.items())},
     }
@@ -373,6 +381,7 @@ def run(args: argparse.Namespace) -> int:
                 results_path=args.results,
                 json_out=args.json,
                 progress=sys.stderr.isatty(),
+                layout=args.layout,
             )
     except (ImportError, DriverUnavailable) as exc:
         print(
@@ -385,6 +394,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for line in doc["summary"]:
         print(line)
+    if doc["not_laid_out"]:
+        print(f"left out: {doc['not_laid_out']} traces of rows the {doc['layout']} layout "
+              "cannot run (drivers/prefix_layout.unsupported)")  # fmt: skip
     if _errored(doc):
         return 1
     return 0 if args.variant is None else _variant_exit(doc, args.variant)
@@ -414,6 +426,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--driver", choices=("reference", "vllm"), default="vllm")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--impl-patch", metavar="NAME", default=None, help="vllm driver patch")
+    p.add_argument("--layout", choices=("one-block", "shared-prefix"), default="one-block",
+                   help="vllm driver: shared-prefix = prefix caching on, every prompt's "
+                   "first block shared (drivers/prefix_layout.py)")  # fmt: skip
     p.add_argument("--json", type=Path, default=None, help="write the summary JSON here")
     p.add_argument("--traces", type=Path, default=None,
                    help="a trace directory (<variant>/<model>/*.itf.json); default: the "
