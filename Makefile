@@ -53,14 +53,17 @@ test: venv-vllm lint
 	$(VLLM_PYTEST) --variant v0.30-shipped $(VLLM_SAMPLE) --junitxml=build/junit-vllm.xml
 
 # Everything `make test` does, with every conformance trace replayed on the real vLLM and the
-# tests marked slow (bigger graph-equality models), then every trace the shared-prefix layout
-# lays out again with vLLM's prefix caching on (drivers/prefix_layout.py; ~45 s a variant).
-# make test keeps conformance/test_vllm_prefix_caching.py's sample of it.
-VLLM_PREFIX := $(VLLM_PYTEST) --layout shared-prefix
+# tests marked slow (bigger graph-equality models), then every trace again in the two
+# prefix-caching layouts (drivers/prefix_layout.py: vLLM's prefix caching on, a prompt block
+# shared; D moving both blocks, or its own only): ~1.5 min a layout and variant. make test
+# keeps conformance/test_vllm_prefix_caching.py's sample of them.
+PREFIX_LAYOUTS := shared-prefix shared-prefix-d-hit
 test-full:
 	$(MAKE) test VLLM_SAMPLE= PYTEST_MARK=
-	$(VLLM_PREFIX) --impl-patch fix-53903 --variant fixed --junitxml=build/junit-vllm-prefix-fixed.xml
-	$(VLLM_PREFIX) --variant v0.30-shipped --junitxml=build/junit-vllm-prefix.xml
+	for l in $(PREFIX_LAYOUTS); do \
+	  $(VLLM_PYTEST) --layout $$l --impl-patch fix-53903 --variant fixed --junitxml=build/junit-vllm-$$l-fixed.xml && \
+	  $(VLLM_PYTEST) --layout $$l --variant v0.30-shipped --junitxml=build/junit-vllm-$$l.xml || exit 1; \
+	done
 
 # The design-review artifact: trace coverage, the mutation campaign, the lease-clock sweeps
 # (spec/LeaseClock.tla, spec/KVClock.tla), the decode side's sweeps and their conformance

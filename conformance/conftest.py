@@ -4,9 +4,10 @@
 --device cpu|cuda         the vllm driver's device
 --impl-patch NAME         a patch the vllm driver applies to vLLM (see its registry)
 --variant NAME            only traces of models of this design variant
---layout NAME             the vllm driver's prompts: one-block (default) or shared-prefix
-                          (vLLM's prefix caching on, every prompt's first block shared;
-                          a row it cannot lay out is skipped: drivers/prefix_layout.py)
+--layout NAME             the vllm driver's prompts: one-block (default), shared-prefix
+                          (vLLM's prefix caching on, every prompt's first block shared),
+                          shared-prefix-d-hit (the same, D moves each request's own block
+                          only); a row it cannot lay out is skipped (drivers/prefix_layout.py)
 --per-model N             at most N generated traces per model, spread evenly over its set
                           (regressions always run); make test uses it for the vllm driver,
                           make test-full replays every trace

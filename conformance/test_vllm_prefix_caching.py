@@ -4,17 +4,24 @@ Every other conformance replay gives each request a one-block prompt of its own 
 prefix caching off; vLLM runs with it on (drivers/prefix_layout.py cites where). These
 replay two-request spec paths on the real Scheduler in the shared-prefix layout: request
 2's prompt hits the block request 1 holds, so one physical block belongs to two held
-requests. The whole suite in this layout is `pytest conformance --driver vllm --layout
-shared-prefix` (make test-full).
+requests. In the d-hit layout D asks for each request's own block only and NIXL moves P's
+last block. The whole suite in these layouts is `pytest conformance --driver vllm --layout
+shared-prefix[-d-hit]` (make test-full).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
-from kvspec.drivers.prefix_layout import SHARED_PREFIX, UNSHARED_CONTROL, Layout, unsupported
+from kvspec.drivers.prefix_layout import (
+    SHARED_PREFIX,
+    SHARED_PREFIX_D_HIT,
+    UNSHARED_CONTROL,
+    Layout,
+    unsupported,
+)
 from kvspec.matrix import ModelRow, Topology
 from kvspec.replay import INCORRECT, ReplayResult, load_trace, replay, trace_from_actions
 from kvspec.traces import find_trace
@@ -122,30 +129,65 @@ def test_a_free_under_read_frees_only_the_blocks_no_other_request_holds(
     assert _refs(d2)[s] == 0
 
 
+@dataclass(frozen=True)
+class _FrontTrim(Layout):
+    """A wrong reading of NIXL's trim, for the negative control: P's first blocks."""
+
+    def moved(self, remote: tuple[int, ...]) -> tuple[int, ...]:
+        return remote[: self.d_blocks]
+
+
+FRONT_TRIM = _FrontTrim("front-trim-control", True, True, d_hit=True)
+READ_2 = (*BOTH_HELD, "consumer_start_load_kv(2, 0)", "consumer_get_finished(2, 0)")
+
+
+def test_d_hit_moves_p_last_block_only(opened: list[Any]) -> None:
+    # The bytes check of consumer_get_finished compares D's one block with the block the
+    # layout says moved: P's own block of request 2, not the shared one.
+    res, d = _replay(_row(), READ_2, SHARED_PREFIX_D_HIT)
+    opened.append(d)
+    assert res.failure is None, res.failure
+    (s,) = d.blocks[1] & d.blocks[2]
+    assert d.reads[(2, 0)].local == (2,) and d.reads[(2, 0)].remote == tuple(d.blocks[2] - {s})
+
+
+def test_d_hit_with_p_first_block_fails_the_bytes_check() -> None:
+    # The negative control: had NIXL moved P's first (shared) block, D's block would not
+    # equal the one the d-hit layout expects, and the READ's byte check says so.
+    from kvspec.drivers.push_actions import TransferCorrupted
+
+    with pytest.raises(TransferCorrupted, match="differs after the READ"):
+        _replay(_row(), READ_2, FRONT_TRIM)[1].close()
+
+
+@pytest.mark.parametrize("layout", [SHARED_PREFIX, SHARED_PREFIX_D_HIT], ids=lambda x: x.name)
 @pytest.mark.parametrize(
     "name",
     [
         "conf-v0.30-shipped-nixl-2req/099",  # both held in one step
         "pcp2-v0.30-shipped-nixl/cex-NoStall",  # Capacity 1: request 2 waits for the pool
         "pcp2-v0.30-shipped-nixl/cex-DelayedEventuallyFreed",
+        "conf-v0.30-shipped-nixl-push-pcp1/037",  # push: P WRITEs D's registered blocks
+        "conf-v0.30-shipped-offload-upstream-reuse/001",  # the offloading child's fence
     ],
 )
-def test_committed_paths_conform_with_the_prefix_shared(name: str, opened: list[Any]) -> None:
+def test_committed_paths_conform_with_the_prefix_shared(name: str, layout: Layout) -> None:
     from kvspec.drivers.vllm_driver import VllmDriver
 
     trace = load_trace(find_trace(name))
-    assert unsupported(SHARED_PREFIX, trace.row) is None
-    with VllmDriver(trace.row, layout=SHARED_PREFIX) as d:
+    assert unsupported(layout, trace.row) is None
+    with VllmDriver(trace.row, layout=layout) as d:
         res = replay(d, trace)
     if res.timeout is not None:
         pytest.skip(f"inconclusive: {res.timeout.what} did not happen in {res.timeout.limit_s}s")
     assert res.failure is None, res.failure
 
 
-def test_the_layout_refuses_what_it_cannot_lay_out() -> None:
-    assert unsupported(SHARED_PREFIX, _row()) is None
-    assert unsupported(SHARED_PREFIX, _row(composition="multi-nixl-hf3fs")) is None
-    assert "pull-mode" in str(unsupported(SHARED_PREFIX, _row(transfer="push")))
-    offload = _row(composition="multi-nixl-offload-upstream")
-    assert "runs" in str(unsupported(SHARED_PREFIX, offload))
-    assert "DCP" in str(unsupported(SHARED_PREFIX, _row(topology=Topology(1, 1, 2), dcp=2)))
+def test_the_layout_refuses_only_dcp_sharded_rows() -> None:
+    for kw in ({}, {"composition": "multi-nixl-hf3fs"}, {"transfer": "push"},
+               {"composition": "multi-nixl-offload-upstream"}):  # fmt: skip
+        assert unsupported(SHARED_PREFIX, _row(**kw)) is None
+    sharded = _row(topology=Topology(1, 1, 2), dcp=2)
+    assert "DCP" in str(unsupported(SHARED_PREFIX, sharded))
+    assert unsupported(SHARED_PREFIX, sharded) is not None
+    assert unsupported(Layout("one-block", False, False), sharded) is None

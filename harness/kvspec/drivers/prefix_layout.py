@@ -18,6 +18,13 @@ one block per request fits Capacity requests in Capacity + 1 blocks, so the spec
 Capacity is unchanged and a free returns the request's own block at once and the shared one
 with its last holder (`v1/core/block_pool.py:774-803`, `free_blocks`: ref counts).
 
+`SHARED_PREFIX_D_HIT`: the same on P, and D already holds the shared block (its own prefix
+hit, as `kvspec scenario pd-d-prefix-hit` records on real engines), so D asks for each
+request's own block only. Pull and push alike end-trim P's blocks to D's count
+(`nixl/base_worker.py:3421-3455` `_apply_prefix_caching`, called by the pull READ at
+`nixl/pull_worker.py:477` and the push WRITE at `nixl/push_worker.py:670`): one block moves,
+P's last.
+
 `UNSHARED_CONTROL` is the negative control: the shared layout's prompts and pool with prefix
 caching off. Request 2 then needs two fresh blocks where the spec schedules it, so a
 capacity-bound trace diverges at that `schedule` (`test_vllm_prefix_caching.py`).
@@ -39,10 +46,12 @@ class Layout:
     name: str
     shared_prefix: bool  # every prompt starts with the same full block
     prefix_caching: bool  # CacheConfig.enable_prefix_caching on P
+    d_hit: bool = False  # D holds the shared block: it asks for the own block only
 
     @property
-    def blocks_per_request(self) -> int:
-        return 2 if self.shared_prefix else 1
+    def d_blocks(self) -> int:
+        """D's blocks per request: the blocks a READ or WRITE moves."""
+        return 2 if self.shared_prefix and not self.d_hit else 1
 
     def producer_blocks(self, row: ModelRow) -> int:
         """P's pool: Capacity requests' own blocks, the shared block, vLLM's null block."""
@@ -50,7 +59,7 @@ class Layout:
 
     def consumer_blocks(self, row: ModelRow) -> int:
         """D's pool: every request's blocks at once (D never frees here), + the null block."""
-        return row.requests * self.blocks_per_request + 1
+        return row.requests * self.d_blocks + 1
 
     def prompt(self, r: int, block_size: int) -> list[int]:
         """Request r's prompt token ids: [shared block] + its own block."""
@@ -61,30 +70,28 @@ class Layout:
 
     def local_blocks(self, r: int) -> tuple[int, ...]:
         """D's blocks for request r (1.. upward; 0 is vLLM's null block)."""
-        n = self.blocks_per_request
+        n = self.d_blocks
         return tuple(range((r - 1) * n + 1, r * n + 1))
+
+    def moved(self, remote: tuple[int, ...]) -> tuple[int, ...]:
+        """P's blocks a transfer moves, of its `remote_block_ids`: the last d_blocks (NIXL's
+        end-trim to D's count, `_apply_prefix_caching`)."""
+        return remote[-self.d_blocks :]
 
 
 ONE_BLOCK = Layout("one-block", shared_prefix=False, prefix_caching=False)
 SHARED_PREFIX = Layout("shared-prefix", shared_prefix=True, prefix_caching=True)
+SHARED_PREFIX_D_HIT = Layout("shared-prefix-d-hit", True, True, d_hit=True)
 UNSHARED_CONTROL = Layout("shared-prefix-uncached", shared_prefix=True, prefix_caching=False)
-LAYOUTS = {x.name: x for x in (ONE_BLOCK, SHARED_PREFIX, UNSHARED_CONTROL)}
-# The compositions whose scheduler side makes no prefix lookup of its own: NIXL's producer
-# (get_num_new_matched_tokens is 0 without do_remote_prefill) and HF3FS's (nothing stored
-# under its replaced metadata server). The offloading child looks its CPU tier up, and
-# push-mode D registers only its unhashed blocks: neither is laid out here; nor is a
-# DCP-sharded row (`unsupported`).
-SHARED_COMPOSITIONS = ("nixl", "multi-nixl-hf3fs")
+LAYOUTS = {x.name: x for x in (ONE_BLOCK, SHARED_PREFIX, SHARED_PREFIX_D_HIT, UNSHARED_CONTROL)}
 
 
 def unsupported(layout: Layout, row: ModelRow) -> str | None:
-    """Why `row` cannot run `layout` (None: it can)."""
+    """Why `row` cannot run `layout` (None: it can). Every composition and both transfer
+    modes can: a child's own lookup (the offloading child's CPU tier) finds nothing past
+    the local hit, since no two requests share their second block."""
     if not layout.shared_prefix:
         return None
-    if row.transfer != "pull":
-        return f"{row.name}: the {layout.name} layout is pull-mode only"
-    if row.composition not in SHARED_COMPOSITIONS:
-        return f"{row.name}: the {layout.name} layout runs {SHARED_COMPOSITIONS} only"
     if row.dcp > 1:
         # A DCP-sharded cache's manager allocates and hashes blocks of block_size x DCP
         # tokens (v1/core/single_type_kv_cache_manager.py:108): the two-block prompt is one

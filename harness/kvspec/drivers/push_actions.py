@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvspec.drivers.base import MissingAction
+from kvspec.drivers.prefix_layout import Layout
 from kvspec.drivers.push_seams import LazyHandshake
 from kvspec.drivers.push_side import PushSide, write_handles
 from kvspec.drivers.vllm_caches import differing_layer, logical_block
@@ -23,6 +24,7 @@ class TransferCorrupted(AssertionError):
 
 class PushActions(VllmView):
     waits: Waits
+    layout: Layout  # D's blocks per request (prefix_layout.py)
     lazy: dict[int, LazyHandshake]  # rank w -> its lazy handshake with D, this trace
 
     def _push(self) -> PushSide:
@@ -113,8 +115,8 @@ class PushActions(VllmView):
     def record_write(self, r: int, w: int, state: str = "inflight") -> None:
         """The WRITE of r from rank w is posted (the spec's rd[r][w] = "inflight"), or
         parked on rank w's handshake with D ("parked")."""
-        remote_block = int(self.params[r]["remote_block_ids"][0][0])
-        self.reads[(r, w)] = Read(state, (r,), (remote_block,))
+        remote = self.layout.moved(tuple(int(b) for b in self.params[r]["remote_block_ids"][0]))
+        self.reads[(r, w)] = Read(state, self.layout.local_blocks(r), remote)
 
     def deliver_registration(self, r: int, w: int) -> Any:
         """D's worker for rank w sends r's PUSH_REG (start_load_kv -> the writer thread's
@@ -123,13 +125,14 @@ class PushActions(VllmView):
         api = self.c.api
         rid = req_id(r)
         params = self.params[r]
-        local_block = r  # decode blocks 1..N (0 is vLLM's null block)
+        local = self.layout.local_blocks(r)
         t = self.c.consumer_of(w)
         for cache in self.c.consumers_caches[t].values():
-            logical_block(cache, local_block).zero_()
+            for b in local:
+                logical_block(cache, b).zero_()
         reg = self._push().registration(
             rid,
-            local_block,
+            local,
             str(params["remote_engine_id"]),
             int(params["remote_port"]),
             self.row.topology.tp,

@@ -78,16 +78,17 @@ class PushSide:
     held: list[HeldWrites] = field(default_factory=list)
 
     def registration(
-        self, rid: str, local_block: int, producer: str, p_port: int, tp: int
+        self, rid: str, local: tuple[int, ...], producer: str, p_port: int, tp: int
     ) -> dict[str, Any]:
-        """What D's push scheduler stages for rid (push_scheduler.py:175-189)."""
+        """What D's push scheduler stages for rid (push_scheduler.py:175-189): D's blocks
+        `local`, in token order."""
         return {
             "request_id": rid,
             "decode_engine_id": self.engine_id,
             "decode_host": HOST,
             "decode_port": self.port,
             "decode_tp_size": tp,
-            "local_block_ids": ([local_block],),
+            "local_block_ids": (list(local),),
             "remote_engine_id": producer,
             "remote_host": HOST,
             "remote_port": p_port,

@@ -356,7 +356,7 @@ class VllmDriver(PushActions, Driver):
         guard: the lease clock driver also reads blocks the producer already freed)."""
         api = self.c.api
         params = self.params[r]
-        remote = tuple(int(b) for b in params["remote_block_ids"][0])
+        remote = self.layout.moved(tuple(int(b) for b in params["remote_block_ids"][0]))
         local = self.layout.local_blocks(r)
         t = self.c.consumer_of(w)
         for cache in self.c.consumers_caches[t].values():
