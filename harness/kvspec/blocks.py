@@ -8,11 +8,13 @@ kvspec.sweep's.
 `kvspec blocks [--tier fast|full] [--only NAME] [--json F] [--out DIR]`; exit 1 when a
 verdict differs from its expectation or TLC did not decide it, 2 on a bad matrix.
 `kvspec blocks --conform` replays the rows' edge-covering traces on the installed vLLM's
-decode scheduler (kvspec.blocks_traces): which design it implements.
+decode scheduler (kvspec.blocks_traces): which design it implements; `--prefix-caching`
+with vLLM's default prefix caching on.
 """
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from kvspec.sweep import Const, Sweep, conform_command
@@ -41,7 +43,13 @@ BLOCKS = Sweep(
 )
 
 
-add_arguments, run = conform_command(
+_add_arguments, run = conform_command(
     BLOCKS, "replay every row's edge-covering traces on the installed vLLM's decode scheduler",
     "kvspec.blocks_traces:run_blocks_conform",
 )  # fmt: skip
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    _add_arguments(p)
+    caching = "--conform: D's scheduler runs vLLM's default, prefix caching on"
+    p.add_argument("--prefix-caching", action="store_true", help=caching)

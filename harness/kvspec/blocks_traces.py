@@ -169,6 +169,15 @@ def _vllm_blocks_driver(row: SweepRow, plan: Plan) -> Any:
     return BlocksDriver(row, prompts=plan.prompts, priorities=plan.priorities)
 
 
+def cached_blocks_driver(row: SweepRow, plan: Plan) -> Any:
+    """The same scheduler with vLLM's default prefix caching on (BlocksDriver)."""
+    from kvspec.drivers.blocks_driver import BlocksDriver
+
+    return BlocksDriver(
+        row, prompts=plan.prompts, priorities=plan.priorities, prefix_caching=True
+    )
+
+
 def _plan(doc: dict[str, JSON], row: SweepRow) -> Plan:
     prio = _seq(_decode(doc["states"][0])["prio"])
     return Plan(
@@ -200,6 +209,12 @@ def conform_row(
 
 
 def run_blocks_conform(sweep: Sweep, args: argparse.Namespace) -> int:
+    if getattr(args, "prefix_caching", False):
+        return run_conform_rows(
+            sweep, args, lambda s, r, w: conform_row(s, r, w, cached_blocks_driver),
+            "DecodeBlocks traces on vLLM's real decode scheduler, prefix caching on",
+            why_not_driven,
+        )  # fmt: skip
     return run_conform_rows(
         sweep, args, conform_row, "DecodeBlocks traces on vLLM's real decode scheduler",
         why_not_driven,

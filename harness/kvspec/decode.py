@@ -90,6 +90,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     what = "replay conformance/decode.toml's traces on the installed vLLM"
     p.add_argument("--conform", action="store_true", help=what)
     p.add_argument("--verbose", action="store_true", help="leave vLLM's logs on the terminal")
+    p.add_argument("--prefix-caching", action="store_true",
+                   help="--conform: D runs vLLM's default, prefix caching on")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -120,7 +122,8 @@ def conform(args: argparse.Namespace) -> int:
             if row.name in not_driven:
                 continue
             try:
-                res = replay_with_retry(trace, driver_for(row, trace))
+                make = driver_for(row, trace, prefix_caching=args.prefix_caching)
+                res = replay_with_retry(trace, make)
             except DriverUnavailable as exc:
                 not_driven[row.name] = str(exc)
                 continue
@@ -149,13 +152,15 @@ def conform(args: argparse.Namespace) -> int:
     held = [d for d, v in per.items() if v == "conforms"]
     for d, v in per.items():
         print(f"design {d}: {v}")
-    print(_summary(held, per, bool(rows)))
+    caching = " (D: prefix caching on)" if args.prefix_caching else ""
+    print(_summary(held, per, bool(rows)) + caching)
     if args.json is not None:
         verdict = "conforms" if held else "not driven" if not rows else (
             "diverges" if "diverges" in per.values() else "inconclusive")  # fmt: skip
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"verdict": verdict, "designs": per, "conforms_to": held,
-                                         "rows": table, "not_driven": not_driven},
+                                         "rows": table, "not_driven": not_driven,
+                                         "prefix_caching": args.prefix_caching},
                                         indent=1) + "\n")  # fmt: skip
     if any(counts[(r, "errored")] for r in rows):
         return 1  # a replay raised: the run failed, whatever the verdicts

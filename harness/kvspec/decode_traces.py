@@ -217,17 +217,20 @@ def replay(trace: Trace, driver: Any) -> Replay:
 
 
 def driver_for(
-    row: SweepRow, trace: Trace, device: str = "cpu", mla: str = "mla"
-) -> Callable[[], Any]:
+    row: SweepRow, trace: Trace, device: str = "cpu", mla: str = "mla",
+    prefix_caching: bool = False,
+) -> Callable[[], Any]:  # fmt: skip
     """A fresh decode driver for `trace` of `row`, each call: the one way to build it for a
     trace, so a FullHit row always gets the trace's full hits (drivers/full_hit.py; built
     without them its full-hit requests would READ, a false divergence). `mla`: MLA rows'
-    fixture (DecodeDriver)."""
+    fixture, `prefix_caching` D's (DecodeDriver)."""
     from kvspec.drivers.decode_driver import DecodeDriver
     from kvspec.drivers.full_hit import full_hits
 
     hits = full_hits(trace)
-    return lambda: DecodeDriver(row, device, full_hits=hits, mla=mla)
+    return lambda: DecodeDriver(
+        row, device, full_hits=hits, mla=mla, prefix_caching=prefix_caching
+    )
 
 
 def replay_with_retry(trace: Trace, make: Callable[[], Any], tries: int = 2) -> Replay:

@@ -151,3 +151,28 @@ def longest_hold_gap_s(events: list[Event], engine: str) -> float:
     steps = [start, *sorted(e.t_ns for e in mine if e.call == "schedule" and start < e.t_ns < end),
              end]  # fmt: skip
     return max(b - a for a, b in zip(steps, steps[1:], strict=False)) / 1e9
+
+
+def heartbeat_chances(events: list[Event], producer: str, lease_s: float) -> int | None:
+    """How many steps `producer`'s worker took between the first heartbeat a decode
+    engine delivered to it (a `heartbeat_send` whose `sent` names an agent of the
+    producer) and the end of its first lease (its first delayed request_finished plus
+    `lease_s`); with TP > 1, its slowest rank's count. A heartbeat extends a lease only
+    when the worker reads it in a step (pull: `_get_new_notifs` in get_transfer_results,
+    pull_worker.py:642-659; push: the writer thread drains NIXL at one step's wake and the
+    main thread handles it at the next, push_worker.py:277-283, 747-764, 810-814). None:
+    the producer held no request (no delayed request_finished)."""
+    sent = [e.t_ns for e in events if e.call == "heartbeat_send"
+            and e.result.get("remote_engine") == producer and e.result.get("sent")]  # fmt: skip
+    fin = [e.t_ns for e in events if e.engine == producer and e.role == "scheduler"
+           and e.call == "request_finished" and e.result.get("delay")]  # fmt: skip
+    if not fin:
+        return None
+    if not sent:
+        return 0
+    lo, hi = min(sent), min(fin) + int(lease_s * 1e9)
+    steps = [e for e in events if e.engine == producer and e.role == "worker"
+             and e.call == "get_transfer_results"]  # fmt: skip
+    ranks = {e.rank for e in steps}
+    return min((sum(1 for e in steps if e.rank == r and lo < e.t_ns < hi) for r in ranks),
+               default=0)  # fmt: skip

