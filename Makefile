@@ -82,8 +82,10 @@ review: venv-vllm
 	$(VENV)/bin/kvspec clock --conform --json build/clock-conform.json
 	$(VENV)/bin/kvspec decode --json build/decode.json
 	$(VENV)/bin/kvspec decode --conform --tier full
+	$(VENV)/bin/kvspec decode --conform --tier full --prefix-caching --json build/decode-conform-cached.json
 	$(VENV)/bin/kvspec blocks --tier full --json build/blocks.json
 	$(VENV)/bin/kvspec blocks --conform --tier full --json build/blocks-conform.json
+	$(VENV)/bin/kvspec blocks --conform --tier full --prefix-caching --json build/blocks-conform-cached.json
 	$(VENV)/bin/python bench/validate.py --json build/recorded.json
 	$(VENV)/bin/kvspec review --out report/
 
