@@ -110,6 +110,7 @@ def conform(args: argparse.Namespace) -> int:
     from kvspec.drivers.base import first_line
     from kvspec.drivers.vllm_env import DriverUnavailable, vllm_logs
 
+    caching = bool(getattr(args, "prefix_caching", False))  # (a caller's own Namespace)
     counts: Counter[tuple[str, str]] = Counter()
     first: dict[str, str] = {}
     not_driven: dict[str, str] = {}  # a row this vLLM cannot build: no verdict, said so
@@ -122,7 +123,7 @@ def conform(args: argparse.Namespace) -> int:
             if row.name in not_driven:
                 continue
             try:
-                make = driver_for(row, trace, prefix_caching=args.prefix_caching)
+                make = driver_for(row, trace, prefix_caching=caching)
                 res = replay_with_retry(trace, make)
             except DriverUnavailable as exc:
                 not_driven[row.name] = str(exc)
@@ -152,15 +153,14 @@ def conform(args: argparse.Namespace) -> int:
     held = [d for d, v in per.items() if v == "conforms"]
     for d, v in per.items():
         print(f"design {d}: {v}")
-    caching = " (D: prefix caching on)" if args.prefix_caching else ""
-    print(_summary(held, per, bool(rows)) + caching)
+    print(_summary(held, per, bool(rows)) + (" (D: prefix caching on)" if caching else ""))
     if args.json is not None:
         verdict = "conforms" if held else "not driven" if not rows else (
             "diverges" if "diverges" in per.values() else "inconclusive")  # fmt: skip
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"verdict": verdict, "designs": per, "conforms_to": held,
                                          "rows": table, "not_driven": not_driven,
-                                         "prefix_caching": args.prefix_caching},
+                                         "prefix_caching": caching},
                                         indent=1) + "\n")  # fmt: skip
     if any(counts[(r, "errored")] for r in rows):
         return 1  # a replay raised: the run failed, whatever the verdicts
