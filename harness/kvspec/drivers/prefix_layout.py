@@ -33,6 +33,7 @@ capacity-bound trace diverges at that `schedule` (`test_vllm_prefix_caching.py`)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from kvspec.matrix import ModelRow
 
@@ -77,6 +78,10 @@ class Layout:
         """P's blocks a transfer moves, of its `remote_block_ids`: the last d_blocks (NIXL's
         end-trim to D's count, `_apply_prefix_caching`)."""
         return remote[-self.d_blocks :]
+
+    def moved_of(self, params: dict[str, Any]) -> tuple[int, ...]:
+        """`moved` of a request's kv_transfer_params (their first KV-cache group)."""
+        return self.moved(tuple(int(b) for b in params["remote_block_ids"][0]))
 
 
 ONE_BLOCK = Layout("one-block", shared_prefix=False, prefix_caching=False)

@@ -10,7 +10,7 @@ from kvspec.drivers.base import MissingAction
 from kvspec.drivers.prefix_layout import Layout
 from kvspec.drivers.push_seams import LazyHandshake
 from kvspec.drivers.push_side import PushSide, write_handles
-from kvspec.drivers.vllm_caches import differing_layer, logical_block
+from kvspec.drivers.vllm_caches import differing_layer, zero_blocks
 from kvspec.drivers.vllm_inbox import Waits
 from kvspec.drivers.vllm_view import Read, VllmView, req_id
 
@@ -115,7 +115,7 @@ class PushActions(VllmView):
     def record_write(self, r: int, w: int, state: str = "inflight") -> None:
         """The WRITE of r from rank w is posted (the spec's rd[r][w] = "inflight"), or
         parked on rank w's handshake with D ("parked")."""
-        remote = self.layout.moved(tuple(int(b) for b in self.params[r]["remote_block_ids"][0]))
+        remote = self.layout.moved_of(self.params[r])
         self.reads[(r, w)] = Read(state, self.layout.local_blocks(r), remote)
 
     def deliver_registration(self, r: int, w: int) -> Any:
@@ -127,9 +127,7 @@ class PushActions(VllmView):
         params = self.params[r]
         local = self.layout.local_blocks(r)
         t = self.c.consumer_of(w)
-        for cache in self.c.consumers_caches[t].values():
-            for b in local:
-                logical_block(cache, b).zero_()
+        zero_blocks(self.c.consumers_caches[t], local)
         reg = self._push().registration(
             rid,
             local,

@@ -55,6 +55,14 @@ def logical_block(cache: Any, b: int) -> Any:
     return cache[b] if k == 1 else cache[b * k : (b + 1) * k]
 
 
+def zero_blocks(caches: dict[str, Any], blocks: tuple[int, ...]) -> None:
+    """Zero logical `blocks` of every layer's cache (a transfer's destination, so that a
+    block nothing wrote cannot pass the byte check)."""
+    for cache in caches.values():
+        for b in blocks:
+            logical_block(cache, b).zero_()
+
+
 def differing_layer(
     torch: Any,
     got: dict[str, Any],

@@ -50,7 +50,7 @@ from kvspec.drivers.vllm_adapters import (
     transfer_results,
     worker_copy,
 )
-from kvspec.drivers.vllm_caches import differing_layer, logical_block
+from kvspec.drivers.vllm_caches import differing_layer, zero_blocks
 from kvspec.drivers.vllm_cluster import Cluster, acquire, discard, release
 from kvspec.drivers.vllm_env import BLOCK_SIZE, DEFAULT_MODEL, DriverUnavailable, runner_output
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
@@ -356,12 +356,9 @@ class VllmDriver(PushActions, Driver):
         guard: the lease clock driver also reads blocks the producer already freed)."""
         api = self.c.api
         params = self.params[r]
-        remote = self.layout.moved(tuple(int(b) for b in params["remote_block_ids"][0]))
-        local = self.layout.local_blocks(r)
+        remote, local = self.layout.moved_of(params), self.layout.local_blocks(r)
         t = self.c.consumer_of(w)
-        for cache in self.c.consumers_caches[t].values():
-            for b in local:
-                logical_block(cache, b).zero_()
+        zero_blocks(self.c.consumers_caches[t], local)
         meta = api.NixlConnectorMetadata()
         add_recv(meta, req_id(r), (list(local),), dict(params))
         cons = self.c.consumers[t]
