@@ -163,19 +163,40 @@ DriverFactory = Callable[[SweepRow, Plan], Any]
 MAX_TRACES = 2000
 
 
-def _vllm_blocks_driver(row: SweepRow, plan: Plan) -> Any:
-    from kvspec.drivers.blocks_driver import BlocksDriver
-
-    return BlocksDriver(row, prompts=plan.prompts, priorities=plan.priorities)
-
-
-def cached_blocks_driver(row: SweepRow, plan: Plan) -> Any:
-    """The same scheduler with vLLM's default prefix caching on (BlocksDriver)."""
+def _vllm_blocks_driver(row: SweepRow, plan: Plan, prefix_caching: bool = False) -> Any:
+    """The real decode scheduler for a trace's plan; `prefix_caching`: vLLM's default, on."""
     from kvspec.drivers.blocks_driver import BlocksDriver
 
     return BlocksDriver(
-        row, prompts=plan.prompts, priorities=plan.priorities, prefix_caching=True
+        row, prompts=plan.prompts, priorities=plan.priorities, prefix_caching=prefix_caching
     )
+
+
+def cached_blocks_driver(row: SweepRow, plan: Plan) -> Any:
+    return _vllm_blocks_driver(row, plan, prefix_caching=True)
+
+
+def hit_counting_driver(prefix_caching: bool, hits: list[int]) -> DriverFactory:
+    """A driver factory that appends to `hits`, per driver it builds, how many of vLLM's
+    prefix lookups (`KVCacheManager.get_computed_blocks`) hit: what the prefix-caching
+    runs measure (bench/blocks_prefix_hits.py, test_decode_prefix_caching.py)."""
+
+    def make(row: SweepRow, plan: Plan) -> Any:
+        d = _vllm_blocks_driver(row, plan, prefix_caching)
+        m = d.d.kv_cache_manager
+        real = m.get_computed_blocks
+        slot = len(hits)
+        hits.append(0)
+
+        def counted(request: Any) -> Any:
+            out = real(request)
+            hits[slot] += int(out[1] > 0)
+            return out
+
+        m.get_computed_blocks = counted
+        return d
+
+    return make
 
 
 def _plan(doc: dict[str, JSON], row: SweepRow) -> Plan:
@@ -209,14 +230,12 @@ def conform_row(
 
 
 def run_blocks_conform(sweep: Sweep, args: argparse.Namespace) -> int:
-    if getattr(args, "prefix_caching", False):
-        return run_conform_rows(
-            sweep, args, lambda s, r, w: conform_row(s, r, w, cached_blocks_driver),
-            "DecodeBlocks traces on vLLM's real decode scheduler, prefix caching on",
-            why_not_driven,
-        )  # fmt: skip
+    caching = bool(getattr(args, "prefix_caching", False))
+    make = cached_blocks_driver if caching else _vllm_blocks_driver
     return run_conform_rows(
-        sweep, args, conform_row, "DecodeBlocks traces on vLLM's real decode scheduler",
+        sweep, args, lambda s, r, w: conform_row(s, r, w, make),
+        "DecodeBlocks traces on vLLM's real decode scheduler"
+        + (", prefix caching on" if caching else ""),
         why_not_driven,
     )  # fmt: skip
 

@@ -137,7 +137,6 @@ def driver_factory(
 
         return reference
     if name == "vllm":
-        from kvspec.drivers.prefix_layout import LAYOUTS
         from kvspec.drivers.vllm_driver import VllmDriver
         from kvspec.drivers.vllm_inbox import DEFAULT_WAITS
 

@@ -136,23 +136,6 @@ def _shown(sent: Event, got: Event) -> str | None:
     return f"last {len(tail)} blocks {tail}" if tail else sent.result.get("digest")
 
 
-def longest_hold_gap_s(events: list[Event], engine: str) -> float:
-    """The longest time, in seconds, `engine`'s scheduler went without a step while it
-    held a finished request's blocks (from its first delayed request_finished to its last
-    free_blocks). A stalled engine neither reaps leases nor handles heartbeats: measured,
-    P's worker stalled 77 s on 2 loaded cores (vLLM's "No available shared memory
-    broadcast block found in 60 seconds"), so a 30 s lease ran out unseen."""
-    mine = [e for e in events if e.engine == engine and e.role == "scheduler"]
-    start = next((e.t_ns for e in mine if e.call == "request_finished"
-                  and e.result.get("delay")), None)  # fmt: skip
-    end = max((e.t_ns for e in mine if e.call == "free_blocks"), default=None)
-    if start is None or end is None:
-        return 0.0
-    steps = [start, *sorted(e.t_ns for e in mine if e.call == "schedule" and start < e.t_ns < end),
-             end]  # fmt: skip
-    return max(b - a for a, b in zip(steps, steps[1:], strict=False)) / 1e9
-
-
 def heartbeat_chances(events: list[Event], producer: str, lease_s: float) -> int | None:
     """How many steps `producer`'s worker took between the first heartbeat a decode
     engine delivered to it (a `heartbeat_send` whose `sent` names an agent of the

@@ -68,7 +68,7 @@ from kvspec.drivers.vllm_adapters import (
     transfer_results,
     worker_copy,
 )
-from kvspec.drivers.vllm_caches import kv_cache_config
+from kvspec.drivers.vllm_caches import AMX_FIXTURES, kv_cache_config
 from kvspec.drivers.vllm_cluster import DECODE_COMPOSITIONS as DECODE
 from kvspec.drivers.vllm_consumers import nixl_of
 from kvspec.drivers.vllm_driver import VllmDriver
@@ -109,8 +109,8 @@ class DecodeDriver:
         FullHit rows run full_hit.py's deployment and seed D's prefix cache with them.
         `mla`: MLA rows' fixture ("mla-amx": AMX_MLA, an AMX host's, vllm_caches).
         `prefix_caching`: D runs vLLM's default, prefix caching on (FullHit rows always do),
-        except where vLLM's CPU platform turns it off: MLA on CPU_MLA (platforms/cpu.py:
-        516-530; AMX_MLA keeps it)."""
+        except where vLLM's CPU platform turns it off: MLA on CPU without AMX_MLA
+        (platforms/cpu.py:516-530; vllm_caches.AMX_FIXTURES keep it)."""
         c = row.consts
         if c["Composition"] not in DECODE or (c["FullHit"] and c["MLA"]):
             # A row this driver cannot build is unavailable here, not a divergence.
@@ -135,7 +135,8 @@ class DecodeDriver:
         # rows the GLM-shaped one whose D has an MTP drafter (full_hit.py).
         model = mla if c["MLA"] else full_hit.MODEL if c["FullHit"] else DEFAULT_MODEL
         self.full_hits = full_hits if c["FullHit"] else frozenset()
-        self.caching = prefix_caching and not (c["MLA"] and mla == "mla")
+        cpu_mla = c["MLA"] and device == "cpu" and mla not in AMX_FIXTURES
+        self.caching = prefix_caching and not cpu_mla
         self.p = VllmDriver(prow, device=device, waits=waits, decode_composition=self.comp,
                             decode_tp=self.T, model=model)  # fmt: skip
         self.held: list[HeldReads] = []

@@ -88,7 +88,8 @@ ONE_BLOCK = Layout("one-block", shared_prefix=False, prefix_caching=False)
 SHARED_PREFIX = Layout("shared-prefix", shared_prefix=True, prefix_caching=True)
 SHARED_PREFIX_D_HIT = Layout("shared-prefix-d-hit", True, True, d_hit=True)
 UNSHARED_CONTROL = Layout("shared-prefix-uncached", shared_prefix=True, prefix_caching=False)
-LAYOUTS = {x.name: x for x in (ONE_BLOCK, SHARED_PREFIX, SHARED_PREFIX_D_HIT, UNSHARED_CONTROL)}
+# What --layout offers (the control is the tests' alone).
+LAYOUTS = {x.name: x for x in (ONE_BLOCK, SHARED_PREFIX, SHARED_PREFIX_D_HIT)}
 
 
 def unsupported(layout: Layout, row: ModelRow) -> str | None:
