@@ -16,8 +16,10 @@ perf_counter, D's real heartbeats, READs and notifications as separate steps.
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
+from kvspec.drivers.prefix_layout import add_layout_argument
 from kvspec.sweep import Const, Sweep, conform_command
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,7 +70,12 @@ CLOCK = Sweep(
 )
 
 
-add_arguments, run = conform_command(
+_add_arguments, run = conform_command(
     CLOCK, "replay every row's edge-covering traces on the real classes",
     "kvspec.clock_traces:run_clock_conform",
 )  # fmt: skip
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    _add_arguments(p)
+    add_layout_argument(p, "--conform")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kvspec.drivers.base import MissingAction, WaitTimeout
+from kvspec.drivers.prefix_layout import LAYOUTS, unsupported
 from kvspec.itf import JSON, value_from_itf
 from kvspec.lease_conform import run_conform_rows
 from kvspec.lease_traces import (
@@ -221,11 +222,24 @@ def replay_clock(doc: dict[str, JSON], driver: Any) -> ClockReplay:
 DriverFactory = Callable[[ModelRow, str | None, float], Any]
 
 
-def _vllm_clock_driver(row: ModelRow, patch: str | None, wait_scale: float) -> Any:
+def _vllm_clock_driver(
+    row: ModelRow, patch: str | None, wait_scale: float, layout: str = "one-block"
+) -> Any:
     from kvspec.drivers.clock_driver import ClockDriver
     from kvspec.drivers.vllm_inbox import DEFAULT_WAITS
 
-    return ClockDriver(row, impl_patch=patch, waits=DEFAULT_WAITS.scaled(wait_scale))
+    waits = DEFAULT_WAITS.scaled(wait_scale)
+    return ClockDriver(row, impl_patch=patch, waits=waits, layout=LAYOUTS[layout])
+
+
+def clock_driver_factory(layout: str = "one-block") -> DriverFactory:
+    """The real clock driver with P's prompts and prefix caching laid out as `layout`
+    (drivers/prefix_layout.LAYOUTS)."""
+
+    def make(row: ModelRow, patch: str | None, wait_scale: float) -> Any:
+        return _vllm_clock_driver(row, patch, wait_scale, layout)
+
+    return make
 
 
 def replay_docs(
@@ -282,9 +296,17 @@ def conform_row(
 
 
 def run_clock_conform(sweep: Sweep, args: argparse.Namespace) -> int:
+    """`kvspec clock --conform [--layout L]`: P's prompts and prefix caching laid out as L;
+    a row the layout cannot run (DCP > 1) is not driven."""
+    layout = getattr(args, "layout", "one-block")  # (a caller's own Namespace)
+    make = clock_driver_factory(layout)
+
+    def not_driven(row: SweepRow) -> str | None:
+        return why_not_driven(row) or unsupported(LAYOUTS[layout], model_row(row))
+
     return run_conform_rows(
-        sweep, args, conform_row,
-        "KVClock traces on the real classes", why_not_driven,
+        sweep, args, lambda s, r, w: conform_row(s, r, w, make),
+        "KVClock traces on the real classes", not_driven, layout,
     )  # fmt: skip
 
 

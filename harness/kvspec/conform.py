@@ -43,7 +43,7 @@ from rich.progress import (
 )
 
 from kvspec.drivers.base import Driver, first_line
-from kvspec.drivers.prefix_layout import LAYOUTS, unsupported
+from kvspec.drivers.prefix_layout import LAYOUTS, add_layout_argument, unsupported
 from kvspec.drivers.vllm_env import DriverUnavailable, check_device, vllm_logs
 from kvspec.itf import JSON
 from kvspec.matrix import DESIGNS, ModelRow, design
@@ -424,10 +424,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--driver", choices=("reference", "vllm"), default="vllm")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--impl-patch", metavar="NAME", default=None, help="vllm driver patch")
-    p.add_argument("--layout", choices=sorted(LAYOUTS), default="one-block",
-                   help="vllm driver: shared-prefix = prefix caching on, every prompt's "
-                   "first block shared; -d-hit: D asks for the own block only "
-                   "(drivers/prefix_layout.py)")  # fmt: skip
+    add_layout_argument(p, "vllm driver")
     p.add_argument("--json", type=Path, default=None, help="write the summary JSON here")
     p.add_argument("--traces", type=Path, default=None,
                    help="a trace directory (<variant>/<model>/*.itf.json); default: the "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kvspec.drivers.prefix_layout import add_layout_argument
 from kvspec.sweep import (
     Const,
     Sweep,
@@ -78,6 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="replay each row's edge-covering traces on vLLM's real lease code",
     )
+    add_layout_argument(p, "--conform")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvspec.drivers.vllm_env import DriverUnavailable, vllm_logs
-from kvspec.lease_traces import LeaseConformance, conform_row
+from kvspec.lease_traces import LeaseConformance, conform_row, lease_driver_factory
 from kvspec.statgraph import DotError
 from kvspec.sweep import Sweep, SweepMatrixError, SweepRow, load_sweep_matrix
 
@@ -57,9 +57,13 @@ def run_conform_rows(
     conform: Conform,
     title: str = "LeaseClock traces on vLLM's real lease code",
     not_driven: Callable[[SweepRow], str | None] = lambda _row: None,
+    layout: str | None = None,
 ) -> int:
     """Replay each selected row's traces (`conform`), one line per row as it ends, then
-    the table; rows `not_driven` names are listed with the reason and skipped."""
+    the table; rows `not_driven` names are listed with the reason and skipped. `layout`
+    (the producer's, prefix_layout.py) goes into the title and every JSON row."""
+    if layout is not None:
+        title += f", {layout} layout"
     try:
         rows = _rows(sweep, args)
     except (SweepMatrixError, OSError) as exc:
@@ -88,9 +92,16 @@ def run_conform_rows(
     print_results(results, console, title)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([r.to_json() for r in results], indent=1) + "\n")
+        tag = {} if layout is None else {"layout": layout}
+        rows_json = [r.to_json() | tag for r in results]
+        args.json.write_text(json.dumps(rows_json, indent=1) + "\n")
     return 1 if any(r.divergences for r in results) else 0
 
 
 def run_lease_conform(sweep: Sweep, args: argparse.Namespace) -> int:
-    return run_conform_rows(sweep, args, conform_row)
+    """`kvspec lease --conform [--layout L]`: P's prompts and prefix caching laid out as L."""
+    layout = getattr(args, "layout", "one-block")  # (a caller's own Namespace)
+    make = lease_driver_factory(layout)
+    return run_conform_rows(
+        sweep, args, lambda s, r, w: conform_row(s, r, w, make), layout=layout
+    )  # fmt: skip

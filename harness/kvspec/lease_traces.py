@@ -24,6 +24,7 @@ from typing import Any
 
 from kvspec.cover import cover_edges
 from kvspec.drivers.base import WaitTimeout
+from kvspec.drivers.prefix_layout import LAYOUTS
 from kvspec.itf import JSON, value_to_itf
 from kvspec.lease_replay import LeaseReplay, replay_lease
 from kvspec.replay import WAIT_GROWTH
@@ -175,11 +176,24 @@ def _replay_retrying(
     return why
 
 
-def _vllm_lease_driver(requests: int, wait_scale: float = 1.0, notif_first: bool = False) -> Any:
+def _vllm_lease_driver(
+    requests: int, wait_scale: float = 1.0, notif_first: bool = False, layout: str = "one-block"
+) -> Any:
     from kvspec.drivers.lease_driver import LeaseDriver
     from kvspec.drivers.vllm_inbox import DEFAULT_WAITS
 
-    return LeaseDriver(requests, waits=DEFAULT_WAITS.scaled(wait_scale), notif_first=notif_first)
+    waits = DEFAULT_WAITS.scaled(wait_scale)
+    return LeaseDriver(requests, waits=waits, notif_first=notif_first, layout=LAYOUTS[layout])
+
+
+def lease_driver_factory(layout: str = "one-block") -> DriverFactory:
+    """The real lease driver with P's prompts and prefix caching laid out as `layout`
+    (drivers/prefix_layout.LAYOUTS)."""
+
+    def make(requests: int, wait_scale: float = 1.0, notif_first: bool = False) -> Any:
+        return _vllm_lease_driver(requests, wait_scale, notif_first, layout)
+
+    return make
 
 
 def conform_row(

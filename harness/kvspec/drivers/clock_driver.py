@@ -61,6 +61,7 @@ from kvspec.drivers.lease_driver import (
     controlled_clock,
     mark_consumers_active,
 )
+from kvspec.drivers.prefix_layout import ONE_BLOCK, Layout
 from kvspec.drivers.vllm_driver import VllmDriver
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
 from kvspec.drivers.vllm_view import req_id
@@ -76,6 +77,7 @@ class ClockDriver:
     row: ModelRow
     impl_patch: str | None = None
     waits: Waits = DEFAULT_WAITS
+    layout: Layout = ONE_BLOCK  # P's prompts and prefix caching (prefix_layout.py)
     clock: _Clock = field(default_factory=_Clock)
     land: set[tuple[int, int]] = field(default_factory=set)
     gone: set[int] = field(default_factory=set)
@@ -93,7 +95,9 @@ class ClockDriver:
         self._stack.enter_context(controlled_clock(self.clock, VIEW))
         try:
             self.vd = self._stack.enter_context(
-                VllmDriver(self.row, impl_patch=self.impl_patch, waits=self.waits)
+                VllmDriver(
+                    self.row, impl_patch=self.impl_patch, waits=self.waits, layout=self.layout
+                )
             )
         except BaseException:
             self._stack.close()

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvspec.drivers.base import MissingAction
+from kvspec.drivers.prefix_layout import ONE_BLOCK, Layout
 from kvspec.drivers.vllm_driver import VllmDriver
 from kvspec.drivers.vllm_env import LEASE_SECONDS
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
@@ -146,6 +147,7 @@ class LeaseDriver:
     requests: int
     waits: Waits = DEFAULT_WAITS
     notif_first: bool = False  # inject NotifFirst's ordering (EarlyNotifs)
+    layout: Layout = ONE_BLOCK  # P's prompts and prefix caching (prefix_layout.py)
     clock: _Clock = field(default_factory=_Clock)
     early: EarlyNotifs | None = None
     d: dict[int, str] = field(default_factory=dict)
@@ -159,7 +161,9 @@ class LeaseDriver:
         )  # fmt: skip
         self._stack.enter_context(controlled_clock(self.clock))
         try:
-            self.vd = self._stack.enter_context(VllmDriver(row, waits=self.waits))
+            self.vd = self._stack.enter_context(
+                VllmDriver(row, waits=self.waits, layout=self.layout)
+            )
             for _ in range(2):  # prefill, then the step whose metadata installs the leases
                 for a in ("schedule", "execute_model", "update_from_output"):
                     getattr(self.vd, a)()

@@ -32,6 +32,7 @@ capacity-bound trace diverges at that `schedule` (`test_vllm_prefix_caching.py`)
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +91,15 @@ SHARED_PREFIX_D_HIT = Layout("shared-prefix-d-hit", True, True, d_hit=True)
 UNSHARED_CONTROL = Layout("shared-prefix-uncached", shared_prefix=True, prefix_caching=False)
 # What --layout offers (the control is the tests' alone).
 LAYOUTS = {x.name: x for x in (ONE_BLOCK, SHARED_PREFIX, SHARED_PREFIX_D_HIT)}
+
+
+def add_layout_argument(p: argparse.ArgumentParser, who: str) -> None:
+    """`--layout`, one option for every command that lays out P's prompts (`who`: which
+    driver or step runs it)."""
+    p.add_argument("--layout", choices=sorted(LAYOUTS), default=ONE_BLOCK.name,
+                   help=f"{who}: shared-prefix = prefix caching on, every prompt's first "
+                   "block shared; -d-hit: D asks for the own block only "
+                   "(drivers/prefix_layout.py)")  # fmt: skip
 
 
 def unsupported(layout: Layout, row: ModelRow) -> str | None:
