@@ -66,9 +66,10 @@ test-full:
 	done
 
 # The design-review artifact: trace coverage, the mutation campaign, the lease-clock sweeps
-# (spec/LeaseClock.tla, spec/KVClock.tla), the decode side's sweeps and their conformance
-# (spec/Decode.tla, spec/DecodeBlocks.tla),
-# the committed real-engine recordings validated on every side (bench/validate.py), then
+# (spec/LeaseClock.tla, spec/KVClock.tla) and their conformance (LeaseClock's also with P
+# laid out as vLLM runs by default, PREFIX_LAYOUTS: prefix caching on, a shared block;
+# KVClock's in those layouts, ~55 min each, is the nightly job's), the decode side's sweeps
+# and their conformance (spec/Decode.tla, spec/DecodeBlocks.tla), the committed real-engine recordings validated on every side (bench/validate.py), then
 # `kvspec review`
 # (full matrix + conformance on the installed vLLM) writes report/index.html + REPORT.md.
 review: venv-vllm
@@ -78,6 +79,9 @@ review: venv-vllm
 	$(VENV)/bin/kvspec mutants --json build/mutants.json
 	$(VENV)/bin/kvspec lease --json build/lease.json
 	$(VENV)/bin/kvspec lease --conform --json build/lease-conform.json
+	for l in $(PREFIX_LAYOUTS); do \
+	  $(VENV)/bin/kvspec lease --conform --layout $$l --json build/lease-conform-$$l.json || exit 1; \
+	done
 	$(VENV)/bin/kvspec clock --tier full --json build/clock.json
 	$(VENV)/bin/kvspec clock --conform --json build/clock-conform.json
 	$(VENV)/bin/kvspec decode --json build/decode.json

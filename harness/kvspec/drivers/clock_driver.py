@@ -2,6 +2,8 @@
 Scheduler, NIXL workers, KVOutputAggregator, decode workers doing real READs) with vLLM's
 `time.perf_counter` replaced, in the NIXL modules that stamp, rebase and compare deadlines
 and in the driver's own view of them, by a clock the driver advances (lease_driver's).
+P's prompts and prefix caching are laid out as `layout` (prefix_layout.py; `kvspec clock
+--conform --layout`).
 
 | spec | real |
 |---|---|

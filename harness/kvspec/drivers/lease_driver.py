@@ -1,9 +1,11 @@
 """LeaseClock (spec/LeaseClock.tla) on the real classes: a producer rank's NIXL worker, its
 lease deadlines against a controlled clock, real heartbeats and real READs.
 
-The cluster is the vLLM driver's (one producer rank, one decode worker, TP 1, PCP 1); the
-requests reach "lease installed" through the real Scheduler and worker, with vLLM's
-`time.perf_counter` replaced, in the four NIXL modules that stamp and compare deadlines
+The cluster is the vLLM driver's (one producer rank, one decode worker, TP 1, PCP 1), its
+prompts and prefix caching laid out as `layout` (prefix_layout.py: one block each by
+default; `kvspec lease --conform --layout`). The requests reach "lease installed" through
+the real Scheduler and worker, with vLLM's `time.perf_counter` replaced, in the four NIXL
+modules that stamp and compare deadlines
 (`base_scheduler`, `pull_scheduler`: request_finished stamps now + kv_lease_duration,
 pull_scheduler.py:255-266; `base_worker`, `pull_worker`), by a clock the driver advances:
 `tick` adds kv_lease_duration / 6 seconds, so deadlines and heartbeat extensions (2/3 of the
