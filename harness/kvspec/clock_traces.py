@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kvspec.drivers.base import MissingAction, WaitTimeout
-from kvspec.drivers.prefix_layout import LAYOUTS, unsupported
+from kvspec.drivers.prefix_layout import LAYOUTS, ONE_BLOCK, Layout, unsupported
 from kvspec.itf import JSON, value_from_itf
 from kvspec.lease_conform import run_conform_rows
 from kvspec.lease_traces import (
@@ -223,18 +223,18 @@ DriverFactory = Callable[[ModelRow, str | None, float], Any]
 
 
 def _vllm_clock_driver(
-    row: ModelRow, patch: str | None, wait_scale: float, layout: str = "one-block"
+    row: ModelRow, patch: str | None, wait_scale: float, layout: Layout = ONE_BLOCK
 ) -> Any:
     from kvspec.drivers.clock_driver import ClockDriver
     from kvspec.drivers.vllm_inbox import DEFAULT_WAITS
 
     waits = DEFAULT_WAITS.scaled(wait_scale)
-    return ClockDriver(row, impl_patch=patch, waits=waits, layout=LAYOUTS[layout])
+    return ClockDriver(row, impl_patch=patch, waits=waits, layout=layout)
 
 
-def clock_driver_factory(layout: str = "one-block") -> DriverFactory:
+def clock_driver_factory(layout: Layout = ONE_BLOCK) -> DriverFactory:
     """The real clock driver with P's prompts and prefix caching laid out as `layout`
-    (drivers/prefix_layout.LAYOUTS)."""
+    (drivers/prefix_layout.py)."""
 
     def make(row: ModelRow, patch: str | None, wait_scale: float) -> Any:
         return _vllm_clock_driver(row, patch, wait_scale, layout)
@@ -298,8 +298,8 @@ def conform_row(
 def run_clock_conform(sweep: Sweep, args: argparse.Namespace) -> int:
     """`kvspec clock --conform [--layout L]`: P's prompts and prefix caching laid out as L;
     a row the layout cannot run (DCP > 1) is not driven."""
-    layout = getattr(args, "layout", "one-block")  # (a caller's own Namespace)
-    make = clock_driver_factory(layout)
+    layout = getattr(args, "layout", ONE_BLOCK.name)  # (a caller's own Namespace)
+    make = clock_driver_factory(LAYOUTS[layout])
 
     def not_driven(row: SweepRow) -> str | None:
         return why_not_driven(row) or unsupported(LAYOUTS[layout], model_row(row))

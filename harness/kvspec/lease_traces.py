@@ -24,7 +24,7 @@ from typing import Any
 
 from kvspec.cover import cover_edges
 from kvspec.drivers.base import WaitTimeout
-from kvspec.drivers.prefix_layout import LAYOUTS
+from kvspec.drivers.prefix_layout import ONE_BLOCK, Layout
 from kvspec.itf import JSON, value_to_itf
 from kvspec.lease_replay import LeaseReplay, replay_lease
 from kvspec.replay import WAIT_GROWTH
@@ -177,18 +177,18 @@ def _replay_retrying(
 
 
 def _vllm_lease_driver(
-    requests: int, wait_scale: float = 1.0, notif_first: bool = False, layout: str = "one-block"
+    requests: int, wait_scale: float = 1.0, notif_first: bool = False, layout: Layout = ONE_BLOCK
 ) -> Any:
     from kvspec.drivers.lease_driver import LeaseDriver
     from kvspec.drivers.vllm_inbox import DEFAULT_WAITS
 
     waits = DEFAULT_WAITS.scaled(wait_scale)
-    return LeaseDriver(requests, waits=waits, notif_first=notif_first, layout=LAYOUTS[layout])
+    return LeaseDriver(requests, waits=waits, notif_first=notif_first, layout=layout)
 
 
-def lease_driver_factory(layout: str = "one-block") -> DriverFactory:
+def lease_driver_factory(layout: Layout = ONE_BLOCK) -> DriverFactory:
     """The real lease driver with P's prompts and prefix caching laid out as `layout`
-    (drivers/prefix_layout.LAYOUTS)."""
+    (drivers/prefix_layout.py)."""
 
     def make(requests: int, wait_scale: float = 1.0, notif_first: bool = False) -> Any:
         return _vllm_lease_driver(requests, wait_scale, notif_first, layout)
