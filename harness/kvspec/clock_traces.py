@@ -242,29 +242,37 @@ def clock_driver_factory(layout: Layout = ONE_BLOCK) -> DriverFactory:
     return make
 
 
+def replay_retrying(
+    doc: dict[str, JSON], mrow: ModelRow, patch: str | None,
+    make_driver: DriverFactory = _vllm_clock_driver, attempts: int = 2,
+) -> ClockReplay:  # fmt: skip
+    """Replay one trace on fresh drivers; a wait that expired (in set-up or a step) is
+    retried, waits WAIT_GROWTH times longer each, `attempts` in all; still expired: a
+    timeout (inconclusive), never a divergence."""
+    got = ClockReplay(0, None, "never replayed")
+    for n in range(attempts):
+        try:
+            with make_driver(mrow, patch, WAIT_GROWTH**n) as driver:
+                got = replay_clock(doc, driver)
+        except WaitTimeout as exc:
+            got = ClockReplay(0, None, str(exc))
+        if got.timeout is None:
+            break
+    return got
+
+
 def replay_docs(
     row: SweepRow, edges: int, docs: list[dict[str, JSON]],
     make_driver: DriverFactory = _vllm_clock_driver, attempts: int = 2,
 ) -> LeaseConformance:  # fmt: skip
-    """Replay `docs` of `row`; a trace whose wait expired is retried (`attempts` in all,
-    waits WAIT_GROWTH times longer each), then counted inconclusive, never a divergence."""
+    """Replay `docs` of `row` (replay_retrying); a trace still timed out is counted
+    inconclusive."""
     res = LeaseConformance(row.name, edges, len(docs))
-    mrow = model_row(row)
-    patch = patch_for(row)
+    mrow, patch = model_row(row), patch_for(row)
     for doc in docs:
-        name = f"{row.name}/{doc['#meta']['trace']}"
-        why = ""
-        for n in range(attempts):
-            try:
-                with make_driver(mrow, patch, WAIT_GROWTH**n) as driver:
-                    got = replay_clock(doc, driver)
-            except WaitTimeout as exc:
-                why = str(exc)
-                continue
-            why = got.timeout or ""
-            if not why:
-                break
-        res.record(name, None if why else got.divergence, why)
+        got = replay_retrying(doc, mrow, patch, make_driver, attempts)
+        why = got.timeout or ""
+        res.record(f"{row.name}/{doc['#meta']['trace']}", None if why else got.divergence, why)
     return res
 
 
@@ -325,8 +333,6 @@ def regression_row(path: Path, rows: dict[str, SweepRow]) -> SweepRow:
 def replay_regression(
     path: Path, row: SweepRow, make_driver: DriverFactory = _vllm_clock_driver
 ) -> ClockReplay:
-    """Replay one kept KVClock counterexample on the real classes."""
+    """Replay one kept KVClock counterexample on the real classes (a timeout retried)."""
     doc = json.loads(path.read_text())
-    mrow = model_row(row)
-    with make_driver(mrow, patch_for(row), 1.0) as driver:
-        return replay_clock(doc, driver)
+    return replay_retrying(doc, model_row(row), patch_for(row), make_driver)
