@@ -42,13 +42,17 @@ lint: venv
 # suite on an even sample of each model's traces (VLLM_SAMPLE; `make test-full` replays all).
 VLLM_SAMPLE ?= --per-model 20
 PYTEST_MARK ?= not slow
+# The unit stage runs in two pytest-xdist workers, one test file at a time each (loadfile:
+# a file's module-scoped vLLM clusters and TLC graphs are built once). PYTEST_WORKERS=0
+# runs it in one process.
+PYTEST_WORKERS ?= 2
 VLLM_PYTEST := $(VENV)/bin/pytest -q conformance/test_conformance.py conformance/test_random_walks.py --driver vllm
 
 test: venv-vllm lint
 	mkdir -p build
 	$(VENV)/bin/kvspec traces --check --tlc
 	$(VENV)/bin/kvspec check --tier fast --out build/check-fast --quiet
-	$(VENV)/bin/pytest -q -m "$(PYTEST_MARK)" --junitxml=build/junit.xml
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "$(PYTEST_MARK)" --junitxml=build/junit.xml
 	$(VLLM_PYTEST) --impl-patch fix-53903 --variant fixed $(VLLM_SAMPLE) --junitxml=build/junit-vllm-fixed.xml
 	$(VLLM_PYTEST) --variant v0.30-shipped $(VLLM_SAMPLE) --junitxml=build/junit-vllm.xml
 

@@ -49,7 +49,7 @@ def main() -> None:
     ap.add_argument("--walks", type=int, default=20)
     ap.add_argument("--depth", type=int, default=30)
     args = ap.parse_args()
-    from kvspec.drivers.vllm_env import vllm_logs
+    from kvspec.drivers.vllm_logging import vllm_logs
 
     # vLLM's and NIXL's own log lines go to build/logs/bench-<time>.log, as for conform.
     with vllm_logs("bench") as log:

@@ -12,18 +12,19 @@
                           (regressions always run); make test uses it for the vllm driver,
                           make test-full replays every trace
 --verbose-vllm            leave vLLM's and NIXL's log on the terminal (so does -s); by
-                          default it goes to build/logs/pytest-<time>.log (see the header)
+                          default it goes to build/logs/pytest[-<xdist worker>]-<time>.log
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import pytest
 from kvspec.conform import DriverFactory, driver_factory
 from kvspec.drivers.prefix_layout import LAYOUTS, unsupported
-from kvspec.drivers.vllm_env import vllm_logs
+from kvspec.drivers.vllm_logging import vllm_logs
 from kvspec.matrix import DESIGNS, ModelRow
 
 _LOGS = pytest.StashKey[contextlib.ExitStack]()
@@ -47,7 +48,10 @@ def pytest_configure(config: pytest.Config) -> None:
     verbose = config.getoption("capture") == "no" or bool(config.getoption("--verbose-vllm"))
     stack = contextlib.ExitStack()
     config.stash[_LOGS] = stack
-    config.stash[_LOG_PATH] = stack.enter_context(vllm_logs("pytest", verbose))
+    # Under pytest-xdist (make test: -n 2) each worker has a file of its own.
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    name = f"pytest-{worker}" if worker else "pytest"
+    config.stash[_LOG_PATH] = stack.enter_context(vllm_logs(name, verbose))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -44,7 +44,8 @@ from rich.progress import (
 
 from kvspec.drivers.base import Driver, first_line
 from kvspec.drivers.prefix_layout import LAYOUTS, add_layout_argument, unsupported
-from kvspec.drivers.vllm_env import DriverUnavailable, check_device, vllm_logs
+from kvspec.drivers.vllm_env import DriverUnavailable, check_device
+from kvspec.drivers.vllm_logging import vllm_logs
 from kvspec.itf import JSON
 from kvspec.matrix import DESIGNS, ModelRow, design
 from kvspec.replay import (

@@ -108,7 +108,8 @@ def conform(args: argparse.Namespace) -> int:
 
     from kvspec.decode_traces import driver_for, replay_with_retry, suite
     from kvspec.drivers.base import first_line
-    from kvspec.drivers.vllm_env import DriverUnavailable, vllm_logs
+    from kvspec.drivers.vllm_env import DriverUnavailable
+    from kvspec.drivers.vllm_logging import vllm_logs
 
     caching = bool(getattr(args, "prefix_caching", False))  # (a caller's own Namespace)
     counts: Counter[tuple[str, str]] = Counter()

@@ -15,6 +15,8 @@ Conformance rows: conformance/decode.toml (the decode-matrix schema).
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,18 +261,28 @@ class DecodeRun:
 _GENERATED: dict[str, list[Trace]] = {}
 
 
+def _generate_once(row: SweepRow, root: Path) -> list[Trace]:
+    """`generate` in a TLC work folder of this process's own under `root`: two processes
+    (make test's pytest workers) may generate the same row at once. The folder is removed
+    once the traces are read, and kept when TLC fails (the error names its log)."""
+    root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{row.name}-", dir=root))
+    traces = generate(row, work)
+    shutil.rmtree(work, ignore_errors=True)
+    return traces
+
+
 def suite(
     tier: str = "fast", only: frozenset[str] = frozenset()
 ) -> list[tuple[str, SweepRow, Trace]]:
     """(name, row, trace) for every conformance row of `tier` (fast: the fast rows only;
-    `only`: these rows, whatever their tier), generated once per process under
-    build/decode-traces/."""
+    `only`: these rows, whatever their tier), generated once per process (_generate_once)."""
     out: list[tuple[str, SweepRow, Trace]] = []
     for row in conform_rows():
         if (row.name not in only) if only else (tier == "fast" and row.tier != "fast"):
             continue
         if row.name not in _GENERATED:
-            _GENERATED[row.name] = generate(row, REPO / "build" / "decode-traces" / row.name)
+            _GENERATED[row.name] = _generate_once(row, REPO / "build" / "decode-traces")
         out += [(f"{row.name}/{i:03d}", row, t) for i, t in enumerate(_GENERATED[row.name])]
     return out
 

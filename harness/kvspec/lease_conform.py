@@ -13,7 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kvspec.drivers.prefix_layout import LAYOUTS, ONE_BLOCK
-from kvspec.drivers.vllm_env import DriverUnavailable, vllm_logs
+from kvspec.drivers.vllm_env import DriverUnavailable
+from kvspec.drivers.vllm_logging import vllm_logs
 from kvspec.lease_traces import LeaseConformance, conform_row, lease_driver_factory
 from kvspec.statgraph import DotError
 from kvspec.sweep import Sweep, SweepMatrixError, SweepRow, load_sweep_matrix

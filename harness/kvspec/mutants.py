@@ -23,7 +23,8 @@ from typing import Any
 
 from kvspec.decode_traces import DecodeRun, run_decode_regressions
 from kvspec.drivers.base import WaitTimeout
-from kvspec.drivers.vllm_env import check_device, vllm_logs
+from kvspec.drivers.vllm_env import check_device
+from kvspec.drivers.vllm_logging import vllm_logs
 from kvspec.extensions import extension_traces
 from kvspec.itf import JSON
 from kvspec.lease_replay import run_lease_regressions
@@ -98,7 +99,7 @@ def run_traces(traces: list[SpecTrace], device: str = "cpu") -> tuple[str | None
     """Replay until the first divergence: (trace name, Divergence | None, crash detail).
     A crash of the implementation (an exception other than MissingAction) is a kill. A wait
     that expired stops the run undecided: detail starts with INCONCLUSIVE, no divergence."""
-    from kvspec.drivers.vllm_cluster import shutdown_pool
+    from kvspec.drivers.cluster_pool import shutdown_pool
     from kvspec.drivers.vllm_driver import VllmDriver
     from kvspec.drivers.vllm_env import DriverUnavailable
 
@@ -132,7 +133,7 @@ def run_mutant(
     t0 = time.perf_counter()
     if traces is None and mutant.family == "producer":
         traces = base_traces(mutant.base.variant)[0]
-    from kvspec.drivers.vllm_cluster import discard_built_inside
+    from kvspec.drivers.cluster_pool import discard_built_inside
 
     # Clusters are built lazily, under the mutant: its effect on set-up is part of what is
     # tested (pre-building every shape cost a minute per mutant even when the first trace

@@ -17,7 +17,7 @@ def _vllm_clusters_torn_down_per_module() -> Iterator[None]:
     CPU from every later one. Only where a module already imported the driver (vLLM is
     never imported for this)."""
     yield
-    cluster = sys.modules.get("kvspec.drivers.vllm_cluster")
+    cluster = sys.modules.get("kvspec.drivers.cluster_pool")
     if cluster is not None:
         cluster.shutdown_pool()
 

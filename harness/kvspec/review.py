@@ -87,7 +87,8 @@ def _stage_conform(args: argparse.Namespace) -> dict[str, Any] | None:
         run_conform = conform_mod.run_conform
     except (ImportError, AttributeError) as exc:
         return {"not_run": f"vllm driver unavailable ({exc})"}
-    from kvspec.drivers.vllm_env import DriverUnavailable, vllm_logs
+    from kvspec.drivers.vllm_env import DriverUnavailable
+    from kvspec.drivers.vllm_logging import vllm_logs
 
     try:
         with vllm_logs("review", args.verbose) as log:

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -97,16 +99,27 @@ TraceSets = Sequence[tuple[ModelRow, Mapping[str, str]]]
 
 
 def write_generated(out: Path, key: str, sets: TraceSets) -> None:
-    """Replace `out` with the trace sets; the stamp goes last, so an interrupted write is
-    regenerated next time rather than trusted."""
-    if out.exists():
-        shutil.rmtree(out)
+    """Replace `out` with the trace sets. They are written beside it and renamed into
+    place, the stamp last, so that an interrupted write is regenerated next time rather
+    than trusted, and a process reading `out` (make test runs pytest in two workers) never
+    sees a half-written set; if another process put the same set in place meanwhile, its
+    set stays."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.new-", dir=out.parent))
     for row, files in sets:
-        d = model_dir(out, row)
+        d = model_dir(tmp, row)
         d.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
             (d / name).write_text(text)
-    (out / STAMP).write_text(key + "\n")
+    (tmp / STAMP).write_text(key + "\n")
+    if is_fresh(out, key):
+        shutil.rmtree(tmp)
+        return
+    old = out.with_name(f"{out.name}.old-{os.getpid()}")
+    if out.exists():
+        os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def ensure_generated(

@@ -163,7 +163,7 @@ def test_decode_conform_names_a_replay_that_raised_and_goes_on(
     from kvspec import decode_traces
     from kvspec.decode import conform
     from kvspec.decode_traces import Replay
-    from kvspec.drivers import vllm_env
+    from kvspec.drivers import vllm_logging
     from kvspec.sweep import SweepRow
 
     row = SweepRow("conf-x", {"Bug": "none"}, 1, "fast")
@@ -179,7 +179,7 @@ def test_decode_conform_names_a_replay_that_raised_and_goes_on(
     replay.calls = 0  # type: ignore[attr-defined]
     monkeypatch.setattr(decode_traces, "suite", lambda tier, only: traces)
     monkeypatch.setattr(decode_traces, "replay_with_retry", replay)
-    monkeypatch.setattr(vllm_env, "vllm_logs", lambda *a: contextlib.nullcontext(None))
+    monkeypatch.setattr(vllm_logging, "vllm_logs", lambda *a: contextlib.nullcontext(None))
     args = argparse.Namespace(tier="fast", only=[], verbose=False, json=tmp_path / "d.json")
     assert conform(args) == 1  # the run failed
     out = capsys.readouterr().out

@@ -73,16 +73,16 @@ def test_other_packages_are_left_alone(fake_vllm: types.ModuleType) -> None:
 _REAL = textwrap.dedent(
     """
     import gc, weakref
-    from kvspec.drivers import import_pins, vllm_cluster, vllm_env
+    from kvspec.drivers import cluster_pool, import_pins, vllm_env
     from kvspec.drivers.vllm_driver import VllmDriver
     from kvspec.matrix import ModelRow, Topology
 
     real = import_pins.unpin_import_tracebacks
-    vllm_env.unpin_import_tracebacks = vllm_cluster.unpin_import_tracebacks = lambda: 0
+    vllm_env.unpin_import_tracebacks = cluster_pool.unpin_import_tracebacks = lambda: 0
     d = VllmDriver(ModelRow("p", "v0.30-shipped", "nixl", Topology(1, 1, 1), 1, 1, False))
     worker = weakref.ref(d.c.consumer_nixl(0).connector_worker)
     d.close(); del d
-    vllm_cluster.shutdown_pool(); gc.collect()
+    cluster_pool.shutdown_pool(); gc.collect()
     print("without-unpin", "alive" if worker() is not None else "freed")
     print("cleared", real())
     gc.collect()

@@ -205,7 +205,7 @@ def test_a_cluster_that_does_not_reset_makes_the_run_inconclusive(
 
     pytest.importorskip("vllm")
     from kvspec import mutants
-    from kvspec.drivers import vllm_cluster, vllm_driver
+    from kvspec.drivers import cluster_pool, vllm_driver
     from kvspec.drivers.base import WaitTimeout
 
     def stuck(*a: object, **k: object) -> None:
@@ -213,7 +213,7 @@ def test_a_cluster_that_does_not_reset_makes_the_run_inconclusive(
 
     dropped: list[bool] = []
     monkeypatch.setattr(vllm_driver, "VllmDriver", stuck)
-    monkeypatch.setattr(vllm_cluster, "shutdown_pool", lambda: dropped.append(True))
+    monkeypatch.setattr(cluster_pool, "shutdown_pool", lambda: dropped.append(True))
     t = SimpleNamespace(name="m/007", row=None)
     name, div, detail = mutants.run_traces([t])  # type: ignore[list-item]
     assert (name, div, dropped) == ("m/007", None, [True])

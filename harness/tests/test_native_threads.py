@@ -58,11 +58,11 @@ def test_python_threads_are_left_alone_by_default(parked: threading.Event) -> No
 def test_a_vllm_clusters_nixl_threads_run_at_the_lowest_priority() -> None:
     pytest.importorskip("vllm")
     pytest.importorskip("nixl")
-    from kvspec.drivers import vllm_cluster
+    from kvspec.drivers import cluster_pool
     from kvspec.drivers.vllm_driver import VllmDriver
     from kvspec.matrix import ModelRow, Topology
 
-    vllm_cluster.shutdown_pool()  # a fresh cluster, built here
+    cluster_pool.shutdown_pool()  # a fresh cluster, built here
     own = thread_ids()
     d = VllmDriver(ModelRow("p", "v0.30-shipped", "nixl", Topology(1, 1, 1), 1, 1, False))
     try:
@@ -73,4 +73,4 @@ def test_a_vllm_clusters_nixl_threads_run_at_the_lowest_priority() -> None:
         assert _nice(threading.get_native_id()) != LOWEST
     finally:
         d.close()
-        vllm_cluster.shutdown_pool()
+        cluster_pool.shutdown_pool()

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.vllm
 
 require_vllm_driver()
 
-from kvspec.drivers import vllm_cluster, vllm_env  # noqa: E402
+from kvspec.drivers import cluster_pool, vllm_env, vllm_logging  # noqa: E402
 from kvspec.drivers.vllm_driver import VllmDriver  # noqa: E402
 from kvspec.drivers.vllm_view import Step  # noqa: E402
 
@@ -349,10 +349,10 @@ def test_cuda_device_is_refused_with_its_reason_and_builds_nothing(
 ) -> None:
     from kvspec import cli
 
-    live = list(vllm_cluster._LIVE)
+    live = list(cluster_pool._LIVE)
     with pytest.raises(vllm_env.DriverUnavailable, match="torch sees no CUDA device"):
         VllmDriver(row(), device="cuda")
-    assert vllm_cluster._LIVE == live
+    assert cluster_pool._LIVE == live
     assert cli.main(["conform", "--driver", "vllm", "--device", "cuda"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("kvspec conform: the vllm driver is unavailable on cuda: ")
@@ -361,18 +361,18 @@ def test_cuda_device_is_refused_with_its_reason_and_builds_nothing(
 def test_clusters_built_inside_a_mutant_scope_do_not_survive_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(vllm_cluster, "POOL_IDLE_MAX", 2)  # both shapes stay pooled
+    monkeypatch.setattr(cluster_pool, "POOL_IDLE_MAX", 2)  # both shapes stay pooled
     with VllmDriver(row()) as d:
         kept = d.c
-    with vllm_cluster.discard_built_inside():
+    with cluster_pool.discard_built_inside():
         with VllmDriver(row()) as d:  # reuses the pooled cluster: built outside, kept
             assert d.c is kept
         with VllmDriver(row(n=1, cap=1)) as d:  # a new shape: built inside
             fresh = d.c
-        assert fresh in vllm_cluster._POOL[fresh.key]  # released to the pool ...
-    assert fresh.closed and fresh not in vllm_cluster._LIVE  # ... and discarded from it
-    assert fresh not in vllm_cluster._POOL[fresh.key]
-    assert not kept.closed and kept in vllm_cluster._POOL[kept.key]
+        assert fresh in cluster_pool._POOL[fresh.key]  # released to the pool ...
+    assert fresh.closed and fresh not in cluster_pool._LIVE  # ... and discarded from it
+    assert fresh not in cluster_pool._POOL[fresh.key]
+    assert not kept.closed and kept in cluster_pool._POOL[kept.key]
 
 
 def test_the_pool_keeps_one_idle_cluster_and_tears_down_the_least_recent() -> None:
@@ -381,14 +381,14 @@ def test_the_pool_keeps_one_idle_cluster_and_tears_down_the_least_recent() -> No
         first = d.c
     with VllmDriver(row(n=1, cap=1)) as d:
         second = d.c
-    assert first.closed and first not in vllm_cluster._LIVE
-    assert not second.closed and vllm_cluster._IDLE_ORDER == [second]
+    assert first.closed and first not in cluster_pool._LIVE
+    assert not second.closed and cluster_pool._IDLE_ORDER == [second]
 
 
 def _build_a_fresh_cluster() -> None:
     """A cluster of a shape no other test uses, built and torn down: it logs as a conform
     run does (one "Initializing KVConnectorBase_V1" per connector, one NIXL agent each)."""
-    with vllm_cluster.discard_built_inside(), VllmDriver(row(n=3, cap=1)):
+    with cluster_pool.discard_built_inside(), VllmDriver(row(n=3, cap=1)):
         pass
 
 
@@ -407,7 +407,7 @@ def test_vllm_logs_go_to_the_file_and_verbose_keeps_them_on_the_terminal(
     monkeypatch.setattr(nixl_logger, "handlers", [logging.StreamHandler(sys.stdout)])
     monkeypatch.setattr(nixl_logger, "propagate", False)
     capfd.readouterr()
-    with vllm_env.vllm_logs("conform", log_dir=tmp_path) as path:
+    with vllm_logging.vllm_logs("conform", log_dir=tmp_path) as path:
         _build_a_fresh_cluster()
     out, err = capfd.readouterr()
     assert path is not None and path.parent == tmp_path and path.name.startswith("conform-")
@@ -416,7 +416,7 @@ def test_vllm_logs_go_to_the_file_and_verbose_keeps_them_on_the_terminal(
     assert "KVConnectorBase_V1" not in out + err and "NIXL agent" not in out + err
     assert [type(h) for h in nixl_logger.handlers] == [logging.StreamHandler]  # restored
 
-    with vllm_env.vllm_logs("conform", verbose=True, log_dir=tmp_path) as none:
+    with vllm_logging.vllm_logs("conform", verbose=True, log_dir=tmp_path) as none:
         _build_a_fresh_cluster()
     out, err = capfd.readouterr()
     assert none is None and list(tmp_path.iterdir()) == [path]
@@ -430,15 +430,15 @@ def test_a_logger_vllm_reconfigures_at_import_is_taken_back(
     imported (logger.py:241), inside a vllm_logs block: vllm_api takes it back."""
     # no enclosing block (under pytest the conformance conftest has one): restored below
     # is then the logger's own set-up, not that block's file
-    monkeypatch.setattr(vllm_env, "_ACTIVE", [])
+    monkeypatch.setattr(vllm_logging, "_ACTIVE", [])
     vllm_logger = logging.getLogger("vllm")
     for attr, value in (("handlers", []), ("propagate", True), ("level", logging.INFO)):
         monkeypatch.setattr(vllm_logger, attr, value)
     capfd.readouterr()
-    with vllm_env.vllm_logs("conform", log_dir=tmp_path) as path:
+    with vllm_logging.vllm_logs("conform", log_dir=tmp_path) as path:
         vllm_logger.handlers = [logging.StreamHandler(sys.stdout)]  # 0.29's import
         vllm_logger.info("before the retake")
-        vllm_env._retake_loggers()
+        vllm_logging.retake_loggers()
         vllm_logger.info("after the retake")
     out, _ = capfd.readouterr()
     assert path is not None and "after the retake" in path.read_text()

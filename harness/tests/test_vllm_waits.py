@@ -103,7 +103,7 @@ def test_a_late_notification_is_a_timeout_then_a_longer_wait_conforms(
     trace = _spec_trace(rw, *PREFILL, *PREFILL, "heartbeat(1)")  # one wait: HB's arrival
     with VllmDriver(rw):
         pass  # the pool holds the built cluster: no handshake runs under the fake clock
-    # Nor does the pool's reset (its own bound, vllm_cluster.POOL_WAITS, on the real
+    # Nor does the pool's reset (its own bound, cluster_pool.POOL_WAITS, on the real
     # clock): it waits for the timed-out attempt's heartbeat to land, and the cluster goes
     # back to the pool.
     results: list[ReplayResult] = []

@@ -43,6 +43,8 @@ with the prompts the trace admits as full hits; vLLM's own lookup decides. D's f
 contact with P runs through the HeldHandshake seam (Handshake rows). Not driven: the
 LMCache child (it needs its server) and the re-introduced bugs (mutants are applied to the
 real code instead).
+
+What the driver observes (the spec's variables read off these objects): decode_view.py.
 """
 
 from __future__ import annotations
@@ -50,7 +52,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -58,13 +59,12 @@ from kvspec.decode import DESIGNS as RELEASE_DESIGNS
 from kvspec.drivers import full_hit
 from kvspec.drivers.base import MissingAction
 from kvspec.drivers.decode_seams import HeldHandshake, HeldReads
+from kvspec.drivers.decode_view import DecodeView, DStep, dreq
 from kvspec.drivers.vllm_adapters import (
-    awaits,
     connector_output,
     load_failed,
     reap_expired,
     recv_blocks,
-    remote_rank,
     transfer_results,
     worker_copy,
 )
@@ -88,19 +88,7 @@ from kvspec.sweep import SweepRow
 NO_FORWARD = SimpleNamespace(attn_metadata=None, no_compile_layers={})
 
 
-def dreq(r: int) -> str:
-    return f"dreq-{r}"
-
-
-@dataclass
-class DStep:
-    so: Any
-    outputs: list[Any] = field(default_factory=list)
-    failed: list[set[str]] = field(default_factory=list)  # per rank: vllm_adapters.load_failed
-    ran: bool = False
-
-
-class DecodeDriver:
+class DecodeDriver(DecodeView):
     def __init__(
         self, row: SweepRow, device: str = "cpu", waits: Waits = DEFAULT_WAITS,
         full_hits: frozenset[int] = frozenset(), mla: str = "mla", prefix_caching: bool = False,
@@ -376,124 +364,3 @@ class DecodeDriver:
         nw._reqs_to_send[req_id(r)] = time.perf_counter() - 1.0
         if req_id(r) in reap_expired(self.p.c.nixl(p), nw):
             self.pst[(p, r)] = "expired"
-
-    # ------------------------------------------------------------------ observe
-    def _status(self, r: int) -> str:
-        rq = self.d.requests.get(dreq(r))
-        if rq is None:
-            return "gone"
-        rs = self.p.c.api.RequestStatus
-        if rs.is_finished(rq.status):
-            return "fin"
-        if rq.status == rs.WAITING_FOR_REMOTE_KVS:
-            return "wfrk"
-        if rq.status == rs.RUNNING:
-            return "running"
-        return "new" if (rq.kv_transfer_params or {}).get("do_remote_prefill") else "waiting"
-
-    def _h(self, w: int, r: int, p: int) -> str:
-        """h[w][r][p]: the READ's state until r is reported. vLLM keeps only in-progress
-        handles: an ended one is released at the poll (_pop_done_transfers, BW:3083-3107)
-        while r waits for its other READs (hetero TP: one per producer rank), its failure
-        kept in _recv_failures (BW:2862-2889); the spec keeps it "done"/"err" meanwhile."""
-        cw = self.p.c.consumer_nixl(w).connector_worker
-        live = cw._recving_transfers.get(dreq(r))
-        if live is None:
-            return "none"
-        for hd, rp in self.handles[w].items():
-            if rp != (r, p):
-                continue
-            res = self.results.get(hd)
-            if hd in live:
-                return "proc" if res is None else ("done" if res[1] else "err")
-            if res is not None:  # ended and released, r still waiting for a sibling
-                if res[1]:
-                    return "done"
-                return "err" if dreq(r) in getattr(cw, "_recv_failures", ()) else "none"
-        return "none"
-
-    def _pin(self) -> dict[tuple[int, int], int]:
-        """pin[p][r]: the "r:n" D sent producer rank p and the driver has not delivered.
-        Sent: each standalone send_notif (notify-only, BW/PW), and each READ that ended
-        well with a notification attached (NIXL sends it with the completion, PW:546-553);
-        a failed READ sends none. Read off D's own calls, not P's agent, so no wait."""
-        sent: dict[tuple[int, int], int] = {}
-
-        def add(p: int, msg: bytes) -> None:
-            rid, sep, _ = msg.decode(errors="replace").partition(":")
-            if sep and rid.startswith("req-") and rid[4:].isdigit():
-                key = (p, int(rid[4:]))
-                sent[key] = sent.get(key, 0) + 1
-
-        for t, held in enumerate(self.held):
-            agents = self.p.c.consumer_nixl(t).connector_worker._remote_agents
-            rank = {name: remote_rank(k) for k, name in agents.get(self.p.c.engine_id, {}).items()}
-            for agent, msg in held.sent:
-                if agent in rank:
-                    add(rank[agent], msg)
-            for hd, (_, ok) in self.results.items():
-                if ok and hd in self.handles[t] and held.notif.get(hd):
-                    add(self.handles[t][hd][1], held.notif[hd])
-        return {k: n - self.delivered.get(k, 0) for k, n in sent.items()}
-
-    def observe(self) -> dict[str, object]:
-        """The spec's variables as vLLM holds them (Decode.tla names; r, w, p as in the
-        spec). Not observed: failed (history, not state), echo, sendPend and sendDone
-        (composition nixl: always empty)."""
-        reqs = range(1, self.N + 1)
-        ranks, pranks = range(self.T), range(self.PT)
-
-        def rs(ids: object) -> frozenset[int]:
-            return frozenset(int(str(x).split("-")[1]) for x in ids)  # type: ignore[attr-defined]
-
-        sched = nixl_of(self.d.connector, self.comp).connector_scheduler
-
-        def step_view(st: DStep) -> dict[str, object]:
-            meta = VllmDriver._nixl_meta(st.so.kv_connector_metadata, self.comp).reqs_to_recv
-            kv = [o.kv_connector_output for o in st.outputs]
-            none: dict[int, frozenset[int]] = {w: frozenset() for w in ranks}
-            return {
-                "recv": rs(meta), "aw": rs(k for k, m in meta.items() if awaits(m)),
-                "ran": st.ran,
-                "out": {w: rs(kv[w].finished_recving or ()) for w in ranks} if kv else none,
-                "fail": {w: rs(st.failed[w]) for w in ranks} if kv else none,
-                "send": none,
-            }  # fmt: skip
-
-        pin = self._pin()
-        p_held = {(p, r): req_id(r) in self.p.c.nixl_worker(p)._reqs_to_send for p in pranks
-                  for r in reqs}  # fmt: skip
-        return {
-            "st": {r: self._status(r) for r in reqs},
-            "fRecv": rs(self.d.finished_recving_kv_req_ids),
-            "fFail": rs(self.d.failed_recving_kv_req_ids),
-            "crashed": self.crashed,
-            "steps": {i: step_view(st) for i, st in enumerate(self.steps, start=1)},
-            "cleanup": rs(sched._reqs_need_recv),
-            "reg": {
-                w: rs(self.p.c.consumer_nixl(w).connector_worker._recving_metadata) for w in ranks
-            },  # fmt: skip
-            "xf": {
-                w: rs(self.p.c.consumer_nixl(w).connector_worker._recving_transfers) for w in ranks
-            },  # fmt: skip
-            "h": {w: {r: {p: self._h(w, r, p) for p in pranks} for r in reqs} for w in ranks},
-            "rem": {r: self.agg._recv_remaining_count.get(dreq(r), 0) for r in reqs},
-            "hsd": {w: self.hs[w].state() if self.hs else "done" for w in ranks},
-            "rdy": {
-                w: frozenset((int(rid.split("-")[1]), aw) for rid, aw in self.hs[w].ready())
-                if self.hs
-                else frozenset()
-                for w in ranks
-            },  # fmt: skip
-            "hfl": {
-                w: frozenset(int(rid.split("-")[1]) for rid in self.hs[w].failed())
-                if self.hs
-                else frozenset()
-                for w in ranks
-            },  # fmt: skip
-            "pin": {p: {r: pin.get((p, r), 0) for r in reqs} for p in pranks},
-            "pst": {
-                p: {r: "held" if p_held[(p, r)] else self.pst.get((p, r), "?") for r in reqs}
-                for p in pranks
-            },  # fmt: skip
-        }

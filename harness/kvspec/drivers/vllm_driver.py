@@ -41,6 +41,7 @@ from typing import Any
 
 from kvspec.drivers import offload_view as ov
 from kvspec.drivers.base import Driver, MissingAction
+from kvspec.drivers.cluster_pool import acquire, discard, release
 from kvspec.drivers.patches import get_patch
 from kvspec.drivers.prefix_layout import ONE_BLOCK, Layout, unsupported
 from kvspec.drivers.push_actions import PushActions, TransferCorrupted
@@ -51,7 +52,7 @@ from kvspec.drivers.vllm_adapters import (
     worker_copy,
 )
 from kvspec.drivers.vllm_caches import differing_layer, zero_blocks
-from kvspec.drivers.vllm_cluster import Cluster, acquire, discard, release
+from kvspec.drivers.vllm_cluster import Cluster
 from kvspec.drivers.vllm_env import BLOCK_SIZE, DEFAULT_MODEL, DriverUnavailable, runner_output
 from kvspec.drivers.vllm_inbox import DEFAULT_WAITS, Waits
 from kvspec.drivers.vllm_view import Read, Step, req_id, spec_r
