@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from kvspec.drivers.base import MissingAction, WaitTimeout
 from kvspec.drivers.prefix_layout import LAYOUTS, ONE_BLOCK, Layout, unsupported
 from kvspec.itf import JSON, value_from_itf
 from kvspec.lease_conform import run_conform_rows
+from kvspec.lease_replay import LeaseReplay
 from kvspec.lease_traces import (
     TRACES,
     LeaseConformance,
@@ -35,7 +35,7 @@ from kvspec.lease_traces import (
     lease_graph,
 )
 from kvspec.matrix import ModelRow, Topology
-from kvspec.replay import WAIT_GROWTH
+from kvspec.replay import retry_expired
 from kvspec.sweep import Sweep, SweepRow
 from kvspec.tlcvalue import Value, make_fn
 from kvspec.vocab import VARIABLES
@@ -182,11 +182,9 @@ def _projection(state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@dataclass(frozen=True)
-class ClockReplay:
-    steps: int
-    divergence: str | None
-    timeout: str | None = None
+# A KVClock replay's outcome has the lease replay's shape: steps matched, the divergence,
+# or the wait that expired.
+ClockReplay = LeaseReplay
 
 
 def replay_clock(doc: dict[str, JSON], driver: Any) -> ClockReplay:
@@ -246,19 +244,18 @@ def replay_retrying(
     doc: dict[str, JSON], mrow: ModelRow, patch: str | None,
     make_driver: DriverFactory = _vllm_clock_driver, attempts: int = 2,
 ) -> ClockReplay:  # fmt: skip
-    """Replay one trace on fresh drivers; a wait that expired (in set-up or a step) is
-    retried, waits WAIT_GROWTH times longer each, `attempts` in all; still expired: a
-    timeout (inconclusive), never a divergence."""
-    got = ClockReplay(0, None, "never replayed")
-    for n in range(attempts):
+    """Replay one trace on fresh drivers (replay.retry_expired); a wait that expired, in
+    set-up or a step, is retried with longer waits; still expired: a timeout
+    (inconclusive), never a divergence."""
+
+    def once(wait_scale: float) -> ClockReplay:
         try:
-            with make_driver(mrow, patch, WAIT_GROWTH**n) as driver:
-                got = replay_clock(doc, driver)
+            with make_driver(mrow, patch, wait_scale) as driver:
+                return replay_clock(doc, driver)
         except WaitTimeout as exc:
-            got = ClockReplay(0, None, str(exc))
-        if got.timeout is None:
-            break
-    return got
+            return ClockReplay(0, None, str(exc))
+
+    return retry_expired(once, attempts)[0]
 
 
 def replay_docs(

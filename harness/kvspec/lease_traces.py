@@ -27,7 +27,7 @@ from kvspec.drivers.base import WaitTimeout
 from kvspec.drivers.prefix_layout import ONE_BLOCK, Layout
 from kvspec.itf import JSON, value_to_itf
 from kvspec.lease_replay import LeaseReplay, replay_lease
-from kvspec.replay import WAIT_GROWTH
+from kvspec.replay import retry_expired
 from kvspec.statgraph import DotError, StateGraph, parse_dot
 from kvspec.sweep import Sweep, SweepRow
 from kvspec.tlc import run_tlc
@@ -157,23 +157,19 @@ DriverFactory = Callable[[int, float, bool], Any]
 
 def _replay_retrying(
     doc: dict[str, JSON], row: SweepRow, make_driver: DriverFactory, attempts: int
-) -> LeaseReplay | str:
-    """The replay, or why every attempt's wait expired (inconclusive). As
-    `replay.retry_timeouts`: only a timeout is retried, each time with waits WAIT_GROWTH
-    times longer, on a fresh driver."""
-    why = ""
-    for n in range(attempts):
+) -> LeaseReplay:
+    """The replay on fresh drivers (replay.retry_expired); a wait that expired, in set-up
+    or a step, is retried with longer waits; still expired: a timeout (inconclusive)."""
+    notif_first = row.consts.get("NotifFirst") is True
+
+    def once(wait_scale: float) -> LeaseReplay:
         try:
-            notif_first = row.consts.get("NotifFirst") is True
-            with make_driver(row.requests, WAIT_GROWTH**n, notif_first) as driver:
-                got = replay_lease(doc, driver)
+            with make_driver(row.requests, wait_scale, notif_first) as driver:
+                return replay_lease(doc, driver)
         except WaitTimeout as exc:
-            why = str(exc)
-            continue
-        if got.timeout is None:
-            return got
-        why = got.timeout
-    return why
+            return LeaseReplay(0, None, str(exc))
+
+    return retry_expired(once, attempts)[0]
 
 
 def _vllm_lease_driver(
@@ -225,8 +221,5 @@ def replay_docs(
     for doc in docs:
         name = f"{row.name}/{doc['#meta']['trace']}"
         got = _replay_retrying(doc, row, make_driver, attempts)
-        if isinstance(got, str):
-            res.record(name, None, got)
-        else:
-            res.record(name, got.divergence)
+        res.record(name, None if got.timeout else got.divergence, got.timeout)
     return res

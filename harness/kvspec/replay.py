@@ -32,7 +32,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from kvspec.codec import to_itf
 from kvspec.drivers.base import Driver, MissingAction, WaitTimeout
@@ -255,13 +255,20 @@ def replay_fresh(make: Callable[[ModelRow], Driver], trace: SpecTrace) -> Replay
         return replay(driver, trace)
 
 
-def retry_timeouts(
-    run_once: Callable[[float], ReplayResult],
-    attempts: int = ATTEMPTS,
-    growth: float = WAIT_GROWTH,
-) -> ReplayResult:
-    """Call `run_once(wait_scale)` with wait_scale 1, growth, growth**2, ... until it does
-    not time out, at most `attempts` times; the last result, with the attempts it took.
+class _Timed(Protocol):
+    @property
+    def timeout(self) -> object: ...
+
+
+R = TypeVar("R", bound=_Timed)
+
+
+def retry_expired(
+    run_once: Callable[[float], R], attempts: int = ATTEMPTS, growth: float = WAIT_GROWTH
+) -> tuple[R, int]:
+    """Call `run_once(wait_scale)` with wait_scale 1, growth, growth**2, ... until its
+    result has no timeout, at most `attempts` times; the last result and the attempts it
+    took. The one retry rule of every replay (producer, lease clock, KVClock).
 
     Only a timeout is retried: a divergence is the implementation's state, and replaying
     it again could only hide it. `run_once` must use a fresh driver each time."""
@@ -270,6 +277,16 @@ def retry_timeouts(
     while result.timeout is not None and n < attempts:
         result = run_once(growth**n)
         n += 1
+    return result, n
+
+
+def retry_timeouts(
+    run_once: Callable[[float], ReplayResult],
+    attempts: int = ATTEMPTS,
+    growth: float = WAIT_GROWTH,
+) -> ReplayResult:
+    """retry_expired for a producer trace: the result records the attempts it took."""
+    result, n = retry_expired(run_once, attempts, growth)
     return replace(result, attempts=n)
 
 

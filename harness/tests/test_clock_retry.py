@@ -1,6 +1,7 @@
-"""A KVClock replay whose wait expires is retried on a fresh driver with longer waits, and
-one still expired is a timeout (inconclusive), never a verdict (clock_traces.replay_retrying,
-used by the conformance rows and the kept counterexamples alike). No vLLM, no clock: the
+"""A KVClock or LeaseClock replay whose wait expires is retried on a fresh driver with longer
+waits, and one still expired is a timeout (inconclusive), never a verdict: both go through
+replay.retry_expired (clock_traces.replay_retrying serves the conformance rows and the kept
+counterexamples alike; lease_traces._replay_retrying the lease rows). No vLLM, no clock: the
 fake drivers expire by construction."""
 
 from __future__ import annotations
@@ -8,9 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 import kvspec.clock_traces as ct
+import kvspec.lease_traces as lt
 import pytest
-from kvspec.clock_traces import WAIT_GROWTH, ClockReplay, replay_retrying
+from kvspec.clock_traces import ClockReplay, replay_retrying
 from kvspec.drivers.base import WaitTimeout
+from kvspec.lease_replay import LeaseReplay
+from kvspec.replay import WAIT_GROWTH
+from kvspec.sweep import SweepRow
 
 DOC: dict[str, Any] = {"states": []}  # never read: replay_clock is replaced below
 
@@ -37,7 +42,7 @@ class _Factory:
         self.expire = expire
         self.scales: list[float] = []
 
-    def __call__(self, row: Any, patch: str | None, wait_scale: float) -> _Driver:
+    def __call__(self, row: Any, patch: Any, wait_scale: float) -> _Driver:
         self.scales.append(wait_scale)
         return _Driver(len(self.scales) <= self.expire)
 
@@ -45,6 +50,7 @@ class _Factory:
 @pytest.fixture(autouse=True)
 def _replay_ends_at_step_3(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ct, "replay_clock", lambda doc, driver: ClockReplay(3, None))
+    monkeypatch.setattr(lt, "replay_lease", lambda doc, driver: LeaseReplay(3, None))
 
 
 def test_an_expired_wait_is_retried_with_longer_waits() -> None:
@@ -59,3 +65,13 @@ def test_negative_control_still_expired_is_a_timeout_not_a_verdict() -> None:
     assert got.timeout is not None and "the handshake" in got.timeout
     assert got.divergence is None
     assert make.scales == [1.0, WAIT_GROWTH]
+
+
+@pytest.mark.parametrize(("expire", "timed_out"), [(1, False), (2, True)])
+def test_the_lease_rows_retry_the_same_way(expire: int, timed_out: bool) -> None:
+    # (requests, wait scale, NotifFirst): the lease factory's arguments
+    make = _Factory(expire=expire)
+    row = SweepRow("r", {}, 1, "fast")
+    got = lt._replay_retrying(DOC, row, lambda n, k, nf: make(n, nf, k), 2)
+    assert (got.timeout is not None, got.divergence, make.scales) == (
+        timed_out, None, [1.0, WAIT_GROWTH])
