@@ -25,6 +25,7 @@ from typing import Any
 from kvspec.cover import cover_edges
 from kvspec.decode import DECODE
 from kvspec.drivers.base import MissingAction, WaitTimeout
+from kvspec.replay import retry_expired
 from kvspec.statgraph import DotError, parse_dot
 from kvspec.sweep import SweepRow, load_sweep_matrix
 from kvspec.tlc import run_tlc
@@ -221,29 +222,37 @@ def replay(trace: Trace, driver: Any) -> Replay:
 def driver_for(
     row: SweepRow, trace: Trace, device: str = "cpu", mla: str = "mla",
     prefix_caching: bool = False,
-) -> Callable[[], Any]:  # fmt: skip
-    """A fresh decode driver for `trace` of `row`, each call: the one way to build it for a
-    trace, so a FullHit row always gets the trace's full hits (drivers/full_hit.py; built
-    without them its full-hit requests would READ, a false divergence). `mla`: MLA rows'
-    fixture, `prefix_caching` D's (DecodeDriver)."""
+) -> Callable[[float], Any]:  # fmt: skip
+    """A fresh decode driver for `trace` of `row`, each call, its waits scaled by the
+    argument (default 1): the one way to build it for a trace, so a FullHit row always
+    gets the trace's full hits (drivers/full_hit.py; built without them its full-hit
+    requests would READ, a false divergence). `mla`: MLA rows' fixture, `prefix_caching`
+    D's (DecodeDriver)."""
     from kvspec.drivers.decode_driver import DecodeDriver
     from kvspec.drivers.full_hit import full_hits
+    from kvspec.drivers.vllm_inbox import DEFAULT_WAITS
 
     hits = full_hits(trace)
-    return lambda: DecodeDriver(
-        row, device, full_hits=hits, mla=mla, prefix_caching=prefix_caching
-    )
+
+    def make(wait_scale: float = 1.0) -> DecodeDriver:
+        return DecodeDriver(row, device, waits=DEFAULT_WAITS.scaled(wait_scale),
+                            full_hits=hits, mla=mla, prefix_caching=prefix_caching)  # fmt: skip
+
+    return make
 
 
-def replay_with_retry(trace: Trace, make: Callable[[], Any], tries: int = 2) -> Replay:
-    """A timed-out replay is retried on a fresh driver; still timed out: inconclusive."""
-    res = Replay(0, timeout="not run")
-    for _ in range(tries):
-        with make() as d:
-            res = replay(trace, d)
-        if res.timeout is None:
-            return res
-    return res
+def replay_with_retry(trace: Trace, make: Callable[[float], Any], tries: int = 2) -> Replay:
+    """Replay on fresh drivers (replay.retry_expired): a wait that expired, in set-up or a
+    step, is retried with longer waits; still expired: a timeout (inconclusive)."""
+
+    def once(wait_scale: float) -> Replay:
+        try:
+            with make(wait_scale) as d:
+                return replay(trace, d)
+        except WaitTimeout as exc:
+            return Replay(0, timeout=str(exc))
+
+    return retry_expired(once, tries)[0]
 
 
 @dataclass

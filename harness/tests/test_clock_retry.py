@@ -1,7 +1,8 @@
 """A KVClock or LeaseClock replay whose wait expires is retried on a fresh driver with longer
 waits, and one still expired is a timeout (inconclusive), never a verdict: both go through
 replay.retry_expired (clock_traces.replay_retrying serves the conformance rows and the kept
-counterexamples alike; lease_traces._replay_retrying the lease rows). No vLLM, no clock: the
+counterexamples alike; lease_traces._replay_retrying the lease rows;
+decode_traces.replay_with_retry the decode rows). No vLLM, no clock: the
 fake drivers expire by construction."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import kvspec.clock_traces as ct
+import kvspec.decode_traces as dt
 import kvspec.lease_traces as lt
 import pytest
 from kvspec.clock_traces import ClockReplay, replay_retrying
@@ -51,6 +53,7 @@ class _Factory:
 def _replay_ends_at_step_3(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ct, "replay_clock", lambda doc, driver: ClockReplay(3, None))
     monkeypatch.setattr(lt, "replay_lease", lambda doc, driver: LeaseReplay(3, None))
+    monkeypatch.setattr(dt, "replay", lambda trace, driver: dt.Replay(3))
 
 
 def test_an_expired_wait_is_retried_with_longer_waits() -> None:
@@ -73,5 +76,14 @@ def test_the_lease_rows_retry_the_same_way(expire: int, timed_out: bool) -> None
     make = _Factory(expire=expire)
     row = SweepRow("r", {}, 1, "fast")
     got = lt._replay_retrying(DOC, row, lambda n, k, nf: make(n, nf, k), 2)
+    assert (got.timeout is not None, got.divergence, make.scales) == (
+        timed_out, None, [1.0, WAIT_GROWTH])
+
+
+@pytest.mark.parametrize(("expire", "timed_out"), [(1, False), (2, True)])
+def test_the_decode_rows_retry_the_same_way(expire: int, timed_out: bool) -> None:
+    # A decode driver whose set-up wait expired used to escape the retry as an error.
+    make = _Factory(expire=expire)
+    got = dt.replay_with_retry([], lambda k: make(None, None, k))
     assert (got.timeout is not None, got.divergence, make.scales) == (
         timed_out, None, [1.0, WAIT_GROWTH])

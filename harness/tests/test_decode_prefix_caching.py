@@ -65,8 +65,8 @@ def test_decode_traces_conform_and_d_caches_what_it_received() -> None:
 def _recording(make: Any, caching: bool, held: list[int]) -> Any:
     """`make`'s drivers, each adding to `held`, as it closes, the blocks D's cache holds."""
 
-    def build() -> Any:
-        d = make()
+    def build(wait_scale: float = 1.0) -> Any:
+        d = make(wait_scale)
         assert d.d.kv_cache_manager.enable_caching is caching
         close = d.close
 
