@@ -66,6 +66,9 @@ CONSTANTS
                   \* code only drops a registration not yet sent, 303-327).  "at-once":
                   \* at the timeout D fails the receive; "after-lease": D stops
                   \* heartbeating r and fails it once P's lease has surely run out
+    LoadCap,      \* vLLM 0.34's --max-num-inflight-kv-loads (LoadRoom below); 0: unset,
+                  \* its default (scheduler.py config: None, "no cap") and every release
+                  \* before 0.34
     Bug           \* "none" (0.32 as shipped) or a bug of the history re-introduced
 
 Bugs == {"none", "abort-frees-at-once", "full-hit-registered", "failure-only-logged",
@@ -84,6 +87,9 @@ ASSUME
     /\ LateArrival \in BOOLEAN
     /\ PushWatchdog \in {"none", "at-once", "after-lease"}
     /\ PushWatchdog # "none" => Transfer = "push"
+    \* LoadRoom counts every finished-but-held request as an aborted load: true where no
+    \* child delays a free (Delays: LMCache's would hold finished requests too)
+    /\ LoadCap \in Nat /\ (LoadCap > 0 => Composition # "multi-nixl-lmcache")
     \* push: one NIXL connector, no MLA notify-only path; the bugs of the history that are
     \* the scheduler's or the base worker's (the others are pull's or a child's)
     /\ Transfer = "push" => /\ ~MLA /\ Composition = "nixl"
@@ -205,6 +211,22 @@ Busy == FALSE
 \* liveness properties are not meant to hold there.
 DCap == Cardinality(Reqs)
 
+\* LoadCap (vLLM 0.34, read in vllm 0.34.0; S below is 0.34's v1/core/sched/scheduler.py):
+\* how many more async KV loads D may start this pass.  _admits_inflight_kv_load
+\* (S:2843-2849) counts the loads D holds blocks for before they run: in progress or
+\* finished and waiting (WAITING_FOR_REMOTE_KVS, stages KV_FETCH_IN_PROGRESS and
+\* KV_FETCH_COMPLETED_WAITING), and _aborted_kv_loads: a load aborted while its receive
+\* is outstanding (finish_requests adds it when it delays the free, S:3165-3166) until
+\* finished_recving reports it (S:3728), which frees its blocks.  A request promoted in
+\* this pass leaves the count first: kv_holding_waiting is drained before the waiting
+\* queues (S:1095-1103) and scheduling it clears its stage (S:1638).  Past the cap the
+\* load waits at the head of async_kv_waiting and no later async request starts this
+\* pass (S:1325-1334, take_async_kv); a full hit loads nothing and is not counted.
+LoadRoom == IF LoadCap = 0 THEN Cardinality(Reqs)
+            ELSE LET held == {r \in Reqs : \/ st[r] = "wfrk" /\ r \notin fRecv
+                                           \/ st[r] = "fin"}
+                 IN IF Cardinality(held) >= LoadCap THEN 0 ELSE LoadCap - Cardinality(held)
+
 Live == ~crashed /\ (Busy \/ \E r \in Reqs : st[r] # "gone")
 
 (* Scheduler.schedule.  A request in finished_recving_kv_req_ids leaves    *)
@@ -226,12 +248,21 @@ schedule ==
            room == DCap - Cardinality({r \in Reqs : st[r] \in {"wfrk", "running", "fin"}})
            \* FCFS: in arrival order up to the first that does not fit (S:1274-1281)
            admit(k) == {r \in waiting : Cardinality({q \in waiting : q < r}) < k}
-           ks == IF DCap >= Cardinality(Reqs) \/ ~AsyncScheduling \/ room <= 0 THEN {room}
-                 ELSE 0 .. room
-       IN \E k \in ks : \E full \in SUBSET {r \in admit(k) : FullHit} :
+           maximal == DCap >= Cardinality(Reqs) \/ ~AsyncScheduling \/ room <= 0
+           \* LoadCap: the longest prefix whose loads fit (so the choice of k)
+           ks == IF maximal /\ LoadCap = 0 THEN {room} ELSE 0 .. room
+           \* the full hits among the admitted, and (LoadCap) whether the next one is one
+           seen(k) == admit(IF LoadCap = 0 THEN k ELSE k + 1)
+       IN \E k \in ks : \E full \in SUBSET {r \in seen(k) : FullHit} :
         LET news == admit(k)
             parks == IF Bug = "full-hit-registered" THEN news ELSE news \ full
-        IN /\ st' = [r \in Reqs |->
+            loads == LoadRoom
+            \* the next waiting request would load past the cap: the pass stops there
+            stops == /\ Cardinality(parks) = loads
+                     /\ \A r \in seen(k) \ news : Bug = "full-hit-registered" \/ r \notin full
+        IN /\ Cardinality(parks) <= loads
+           /\ LoadCap > 0 /\ maximal => news = admit(room) \/ stops
+           /\ st' = [r \in Reqs |->
                        IF r \in fRecv /\ st[r] = "wfrk" THEN "running"
                        ELSE IF r \in parks THEN "wfrk"
                        ELSE IF r \in news THEN "running" ELSE st[r]]
@@ -692,10 +723,17 @@ WaitingLeaves == \A r \in Reqs : st[r] = "wfrk" ~> st[r] # "wfrk"
 \* #32255 follow-on, #46283: a finished request's held blocks are freed.
 HeldReleased == \A r \in Reqs : st[r] = "fin" ~> st[r] = "gone"
 
+\* Every request D has is admitted in the end (leaves the waiting queue: its load starts,
+\* it runs, or it is aborted), unless EngineCore died (NoAssertCrash says that).  Only
+\* LoadCap can delay an admission here: a load D holds blocks for holds a slot of it.
+Admitted == \A r \in Reqs : st[r] = "new" ~> (st[r] # "new" \/ crashed)
+
 (* Vacuity guards: each must be violated (the behaviour is reachable).     *)
 ReachReceived == \A r \in Reqs : r \notin fRecv
 ReachAbortHeld == ~(\E r \in Reqs : st[r] = "fin" /\ InFlight(r))
 ReachNotified == \A p \in PRanks, r \in Reqs : pst[p][r] # "notified"
 ReachHandshakeFailed == \A w \in DRanks : hfl[w] = {}
 ReachWriteLost == \A w \in DRanks, r \in Reqs, p \in PRanks : h[w][r][p] # "lost"
+\* LoadCap: a request waits for a load slot (the cap is full while it is new)
+ReachCapFull == ~(LoadCap > 0 /\ LoadRoom = 0 /\ \E r \in Reqs : st[r] = "new")
 =============================================================================

@@ -75,6 +75,8 @@ def constants(m: DecodeMapped, bug: str) -> dict[str, str]:
         "Transfer": f'"{transfer(m.start)}"',
         "PushHandshakeFail": "TRUE" if transfer(m.start) == "push" else "FALSE",
         "PushWatchdog": '"none"',
+        # vLLM 0.34's --max-num-inflight-kv-loads as the recorder read it (None: unset)
+        "LoadCap": str(int(m.start.get("max_num_inflight_kv_loads") or 0)),
         # P's lease run out before D's add_request: D's log cannot see it and it only
         # disables P's WRITEs, so it admits no more runs, and it multiplies the silent
         # interleavings TLC explores (measured: a 1 s trace check took minutes)

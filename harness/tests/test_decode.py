@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from kvspec.decode import BUGS, DECODE, DESIGNS, design_verdicts
-from kvspec.sweep import Sweep, check_sweep_row, load_sweep_matrix
+from kvspec.sweep import Sweep, SweepRow, check_sweep_row, load_sweep_matrix
 from sweep_checks import assert_bad_matrix_is_one_line_and_exit_2
 
 ROWS = {r.name: r for r in load_sweep_matrix(DECODE)}
@@ -63,6 +63,22 @@ def test_every_bug_is_a_known_bad_row_and_shipped_rows_hold() -> None:
     assert after and all(r.expect[p] == "holds" for r in after for p in kept)
     stalled = stalls + push_stalls
     assert all(r.expect["WaitingLeaves"] == "holds" for r in shipped if r not in stalled)
+    # vLLM 0.34's --max-num-inflight-kv-loads (LoadCap): a load that may never end (a hung
+    # producer, P's failed push handshake; no watchdog) holds its slot even once aborted, so
+    # with the cap other requests are never admitted; uncapped twins admit them; where every
+    # load ends the cap admits every request
+    def never_ends(r: SweepRow) -> bool:
+        return bool(r.consts["ProducerHangs"] or r.consts["PushHandshakeFail"]) \
+            and r.consts["PushWatchdog"] == "none"  # fmt: skip
+
+    capped = [r for r in shipped if r.consts["LoadCap"]]
+    assert {r.expect["Admitted"] for r in capped if never_ends(r)} == {"violated"}
+    assert {r.expect["Admitted"] for r in capped if not never_ends(r)} == {"holds"}
+    twins = [r for r in shipped if never_ends(r) and not r.consts["LoadCap"] and r.requests == 2]
+    assert {r.consts["Transfer"] for r in twins} == {"pull", "push"}
+    assert all(r.expect["Admitted"] == "holds" for r in ROWS.values() if not r.consts["LoadCap"])
+    assert all(r.consts["LoadCap"] == 0 for r in ROWS.values()
+               if r.consts["Composition"] == "multi-nixl-lmcache")  # Decode.tla's ASSUME
     assert all(not r.consts["ReadDeadline"] for r in ROWS.values()
                if r not in deadline + push_deadline)  # fmt: skip
 

@@ -274,3 +274,26 @@ def test_a_release_without_the_background_handshake_leaves_first_contact_not_dri
     out = capsys.readouterr().out
     assert rc == 0 and "conf-decode-d1-first-contact: not driven" in out
     assert "_not_in_any_release" in out
+
+
+def test_the_load_cap_row_is_driven_where_vllm_has_the_option() -> None:
+    # vLLM 0.34's --max-num-inflight-kv-loads (Decode.tla LoadCap). Before 0.34 there is no
+    # such option: the row is not driven, and says why. On 0.34 its traces conform, and the
+    # same traces on D with the cap unset diverge at a schedule (the negative control:
+    # measured 272 of 402 diverge, kvspec versions' 0.34 venv).
+    from kvspec.drivers.vllm_env import DriverUnavailable
+    from vllm.config import SchedulerConfig
+
+    traces = _traces("conf-decode-d1-load-cap")
+    name, row, trace = traces[2]  # two requests: the second waits for the first's load
+    if "max_num_inflight_kv_loads" not in getattr(SchedulerConfig, "__dataclass_fields__", {}):
+        with pytest.raises(DriverUnavailable, match="max-num-inflight-kv-loads"):
+            replay_with_retry(trace, driver_for(row, trace))  # type: ignore[arg-type]
+        return
+    res = replay_with_retry(trace, driver_for(row, trace))  # type: ignore[arg-type]
+    uncapped = dataclasses.replace(row, consts={**row.consts, "LoadCap": 0})  # type: ignore[type-var]
+    ctl = replay_with_retry(trace, driver_for(uncapped, trace))  # type: ignore[arg-type]
+    if res.timeout or ctl.timeout:
+        pytest.skip(f"inconclusive: {res.timeout or ctl.timeout}")
+    assert res.divergence is None, (name, res)
+    assert ctl.divergence is not None and "(schedule)" in ctl.divergence, ctl

@@ -175,6 +175,12 @@ class DecodeDriver(DecodeView):
             prefix_caching=self.caching,
         )  # fmt: skip
         dcfg.kv_transfer_config.kv_load_failure_policy = policy
+        cap = int(self.row.consts.get("LoadCap") or 0)  # Decode.tla LoadCap (vLLM 0.34+)
+        if cap:
+            if not hasattr(dcfg.scheduler_config, "max_num_inflight_kv_loads"):
+                raise DriverUnavailable(f"{self.row.name}: this vLLM has no "
+                                        "--max-num-inflight-kv-loads (0.34+)")  # fmt: skip
+            dcfg.scheduler_config.max_num_inflight_kv_loads = cap
         dkc = kv_cache_config(api, dcfg)
         sched_cls = api.AsyncScheduler if async_scheduling else api.Scheduler
         self.d = sched_cls(

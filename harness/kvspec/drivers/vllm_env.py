@@ -23,6 +23,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvspec.drivers.import_pins import unpin_import_tracebacks
+from kvspec.drivers.vllm_adapters import runner_check_waived, with_known_fields
 from kvspec.drivers.vllm_logging import LOG_DIR, retake_loggers
 from kvspec.matrix import Topology
 
@@ -338,15 +339,16 @@ def vllm_config(
         async_scheduling=async_scheduling,
         disable_hybrid_kv_cache_manager=disable_hma,
     )
-    cfg = api.VllmConfig(
-        model_config=mcfg,
-        cache_config=cache,
-        scheduler_config=sched,
-        kv_transfer_config=ktc,
-        device_config=api.DeviceConfig(device),
-        speculative_config=spec,
-        **pinned_attention(model, bool(mcfg.use_mla), device),  # host-independent (vllm_caches)
-    )
+    with runner_check_waived():  # 0.34's x86 Triton check: no model runs here
+        cfg = api.VllmConfig(
+            model_config=mcfg,
+            cache_config=cache,
+            scheduler_config=sched,
+            kv_transfer_config=ktc,
+            device_config=api.DeviceConfig(device),
+            speculative_config=spec,
+            **pinned_attention(model, bool(mcfg.use_mla), device),  # host-independent
+        )
     cfg.cache_config.kv_cache_layout = "LBHNC"
     # The CPU platform forces an MLA model's block to CPU_MLA's 16 tokens at construction
     # (platforms/cpu.py, "CPU MLA backend requires block_size=16"); the driver lays requests
@@ -369,7 +371,8 @@ def runner_output(api: SimpleNamespace, so: Any, kv_output: Any) -> Any:
     """A rank's synthetic ModelRunnerOutput for scheduler output `so` (the forward replaced:
     one sampled token per scheduled request) carrying its connector's `kv_output`."""
     ids = list(so.num_scheduled_tokens)
-    return api.ModelRunnerOutput(
+    return with_known_fields(
+        api.ModelRunnerOutput,
         req_ids=ids,
         req_id_to_index={rid: i for i, rid in enumerate(ids)},
         sampled_token_ids=[[7] for _ in ids],

@@ -30,6 +30,10 @@ def describe(connector: Any, vllm_config: Any) -> dict[str, Any]:
         # receives only the blocks after it), and a producer's requests share blocks
         "prefix_caching": bool(getattr(getattr(vllm_config, "cache_config", None),
                                        "enable_prefix_caching", False)),
+        # Decode.tla's LoadCap: vLLM 0.34's --max-num-inflight-kv-loads (None: unset, and
+        # every release before 0.34)
+        "max_num_inflight_kv_loads": getattr(vllm_config.scheduler_config,
+                                             "max_num_inflight_kv_loads", None),
     }  # fmt: skip
 
 

@@ -64,7 +64,8 @@ digest, in order, since 2026-12-07; kvspec.record.kv_digest). The
 scheduler's `start`
 event describes the deployment (`result.connector`, `children`: MultiConnector's children
 in their order, `tp`, `pp`, `pcp`, `async_scheduling`, `vllm`, `lease`: kv_lease_duration
-in s, `kv_load_failure_policy`, `mla`, `prefix_caching`: since 2026-12-07). Sets of ids
+in s, `kv_load_failure_policy`, `mla`, `prefix_caching`: since 2026-12-07,
+`max_num_inflight_kv_loads`: vLLM 0.34's load cap, null where unset; since 2026-12-07). Sets of ids
 are written sorted; lists keep their order.
 """
 
