@@ -188,3 +188,26 @@ def test_a_notify_only_entry_is_no_read(tmp_path: Path) -> None:
                   notify_only=None)  # fmt: skip
     at = _at(doc, lambda e: e.a == "execute" and any(e.reads))
     assert _verdict(doc, tmp_path) == ("rejected", at)
+
+
+def test_a_recorded_load_cap_is_a_constant_and_a_cap_the_run_broke_rejects_it(
+    tmp_path: Path,
+) -> None:
+    """vLLM 0.34's --max-num-inflight-kv-loads: the recorder's start event carries it and
+    `kvspec validate` sets Decode.tla's LoadCap from it (unset, as in every committed
+    recording: 0, no cap). pd-basic's D had both requests' loads out at once (its READs go
+    out in one step), so read as a run under a cap of 1 it is rejected; a cap of 2 admits it
+    (the negative control: the cap, not the constant's plumbing, rejects the run)."""
+    from kvspec.validate_decode import constants
+
+    events = _events("pd-basic")
+    m = map_decode(events)
+    assert constants(m, "none")["LoadCap"] == "0"
+    capped = dataclasses.replace(m, start={**m.start, "max_num_inflight_kv_loads": 1})
+    assert constants(capped, "none")["LoadCap"] == "1"
+    one = check_bug(m, "none", tmp_path / "one", extra={"LoadCap": "1"})
+    two = check_bug(m, "none", tmp_path / "two", extra={"LoadCap": "2"})
+    if "inconclusive" in (one.verdict, two.verdict):
+        pytest.skip("inconclusive: TLC timed out twice")
+    assert one.verdict == "rejected" and one.explained < len(m.log)
+    assert (two.verdict, two.explained) == ("admitted", len(m.log))
