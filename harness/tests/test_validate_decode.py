@@ -209,5 +209,6 @@ def test_a_recorded_load_cap_is_a_constant_and_a_cap_the_run_broke_rejects_it(
     two = check_bug(m, "none", tmp_path / "two", extra={"LoadCap": "2"})
     if "inconclusive" in (one.verdict, two.verdict):
         pytest.skip("inconclusive: TLC timed out twice")
-    assert one.verdict == "rejected" and one.explained < len(m.log)
+    both = _at(events, lambda e: e.a == "execute" and {r for r, _ in e.reads[0]} == {1, 2})
+    assert (one.verdict, one.explained) == ("rejected", both)  # the step that READs both
     assert (two.verdict, two.explained) == ("admitted", len(m.log))
