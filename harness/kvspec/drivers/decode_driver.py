@@ -62,6 +62,7 @@ from kvspec.drivers.decode_seams import HeldHandshake, HeldReads
 from kvspec.drivers.decode_view import DecodeView, DStep, dreq
 from kvspec.drivers.vllm_adapters import (
     connector_output,
+    has_load_cap,
     load_failed,
     reap_expired,
     recv_blocks,
@@ -111,6 +112,9 @@ class DecodeDriver(DecodeView):
                                     "sources per decode rank are not driven")  # fmt: skip
         if c["Bug"] not in RELEASE_DESIGNS:  # a release's design replays on any release
             raise DriverUnavailable(f"{row.name}: bugs are mutants of the real code here")
+        if c.get("LoadCap") and not has_load_cap():  # said before any engine is built
+            raise DriverUnavailable(f"{row.name}: this vLLM has no "
+                                    "--max-num-inflight-kv-loads (0.34+)")  # fmt: skip
         self.row, self.waits, self.N = row, waits, row.requests
         self.T, self.PT = int(c["DTP"]), int(c["PTP"])  # D's ranks, P's ranks
         prow = ModelRow(
@@ -177,9 +181,6 @@ class DecodeDriver(DecodeView):
         dcfg.kv_transfer_config.kv_load_failure_policy = policy
         cap = int(self.row.consts.get("LoadCap") or 0)  # Decode.tla LoadCap (vLLM 0.34+)
         if cap:
-            if not hasattr(dcfg.scheduler_config, "max_num_inflight_kv_loads"):
-                raise DriverUnavailable(f"{self.row.name}: this vLLM has no "
-                                        "--max-num-inflight-kv-loads (0.34+)")  # fmt: skip
             dcfg.scheduler_config.max_num_inflight_kv_loads = cap
         dkc = kv_cache_config(api, dcfg)
         sched_cls = api.AsyncScheduler if async_scheduling else api.Scheduler

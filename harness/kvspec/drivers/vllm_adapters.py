@@ -187,6 +187,14 @@ def reap_expired(conn: Any, nixl_worker: Any) -> set[str]:
     return set(transfer_results(conn, set()).finished_sending)
 
 
+def has_load_cap() -> bool:
+    """Whether the installed scheduler has --max-num-inflight-kv-loads (vllm 0.34.0:
+    `SchedulerConfig.max_num_inflight_kv_loads`, `config/scheduler.py:78`; Decode.tla
+    LoadCap). Earlier releases have no such field."""
+    fields = getattr(resolve("SchedulerConfig"), "__dataclass_fields__", {})
+    return "max_num_inflight_kv_loads" in fields
+
+
 @contextlib.contextmanager
 def runner_check_waived() -> Iterator[None]:
     """Build a VllmConfig on an x86 host without triton-cpu. vllm 0.34.0's CPU platform
