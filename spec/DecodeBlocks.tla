@@ -51,6 +51,12 @@ CONSTANTS
                      \* request at its head, admission stops at the first that does not
                      \* fit) | "priority" (any order: the requests' priorities)
     Design,          \* "defer" (0.32, #45357) | "at-once" (before #45357)
+    SelfPreempt,     \* priority: a running request that preempts itself (it is the lowest
+                     \* priority): "stop" ends the running loop (0.32, S:845-847 and
+                     \* 851-853); "continue" goes on to the requests after it, which may
+                     \* fit in the blocks it freed (vllm 0.33.0 scheduler.py:985-995,
+                     \* 0.34.0 1001-1011). FCFS's victim is the last running request, so
+                     \* the two are the same there
     Stagger          \* AsyncScheduler's decode_stagger on the V2 runner: a request scheduled
                      \* for a full step may decode again only Stagger steps later
                      \* (async_scheduler.py:19-23, 52-57; the check S:680-684): pp_size,
@@ -59,7 +65,7 @@ CONSTANTS
 
 ASSUME /\ Batches \in 1 .. 3 /\ Grow \in BOOLEAN /\ Stop \in BOOLEAN
        /\ Design \in {"defer", "at-once"} /\ Policy \in {"fcfs", "priority"} /\ NBlocks \in Nat \ {0}
-       /\ NLocal \in Nat /\ Stagger \in 1 .. 2
+       /\ NLocal \in Nat /\ Stagger \in 1 .. 2 /\ SelfPreempt \in {"stop", "continue"}
 
 Local == {r \in Reqs : r <= NLocal}
 Remote == Reqs \ Local
@@ -187,7 +193,8 @@ Admits(n) ==
 (* go back at once and retries, unless the victim's blocks cannot be freed *)
 (* now ("a deferred free will not help", S:804-806): then it breaks, and   *)
 (* neither it nor any request after it runs this step (S:851-853); a       *)
-(* request that preempts itself breaks too (S:845-847).  A preemption       *)
+(* request that preempts itself breaks too (S:845-847; 0.33+ under the     *)
+(* priority policy goes on to the next request: SelfPreempt).  A preemption *)
 (* skips the whole waiting loop (S:900), promotions included; else the     *)
 (* requests whose READ was seen are promoted first (kv_holding_waiting,    *)
 (* S:913-918) and waiting requests admitted (Admits), a remote one to      *)
@@ -219,7 +226,9 @@ Loop(i, s) ==
                                                  \* it was waiting for if it wanted one
                                                  !.need[v] = Cardinality(s.held[v])
                                                              + (IF v \in s.want THEN 1 ELSE 0)]
-                             IN IF v = r THEN {[s2 EXCEPT !.stop = TRUE]}
+                             IN IF v = r /\ (Policy = "fcfs" \/ SelfPreempt = "stop")
+                                THEN {[s2 EXCEPT !.stop = TRUE]}
+                                \* (v = r: j = i, the next request is now at i)
                                 ELSE Loop(IF j < i THEN i - 1 ELSE i, s2)
                         : v \in Victims(s.run)}
 

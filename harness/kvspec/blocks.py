@@ -33,6 +33,7 @@ BLOCKS = Sweep(
         Const("Policy", "policy", "str", ("fcfs", "priority")),
         Const("Design", "design", "str", ("defer", "at-once")),
         Const("Stagger", "stagger", "int"),
+        Const("SelfPreempt", "self_preempt", "str", ("stop", "continue")),
     ),
     invariants=("NoStaleWriteUnderRead", "BlocksAccounted"),
     reach=("ReachReuseByRead", "ReachPreempt"),

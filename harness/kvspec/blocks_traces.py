@@ -30,13 +30,35 @@ REGRESSIONS = Path(__file__).resolve().parents[2] / "conformance" / "blocks"
 DEFAULT_PROMPT = 8  # tokens: a request that never grows stays well inside its block
 
 
-def why_not_driven(row: SweepRow) -> str | None:
-    """Why the installed vLLM (0.32: deferred frees) cannot be driven as this row."""
+def self_preempt_of(version: str) -> str:
+    """DecodeBlocks' SelfPreempt of a vLLM release: under the priority policy a running
+    request that preempts itself ends the running loop up to 0.32 ("stop", S:845-847);
+    0.33.0 goes on to the requests after it ("continue", scheduler.py:985-995)."""
+    try:
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except ValueError:
+        return "continue"  # a source tree: today's code
+    return "stop" if (major, minor) < (0, 33) else "continue"
+
+
+def why_not_driven(row: SweepRow, version: str | None = None) -> str | None:
+    """Why the installed vLLM (or `version`; 0.29+: deferred frees) cannot be driven as
+    this row."""
     c = row.consts
     if int(c["Batches"]) > 2 and int(c["Stagger"]) != 2:
         return "three batches without the decode stagger (XPU without PP microbatching)"
     if c["Design"] == "at-once" and int(c["Batches"]) > 1:
         return "design at-once is not the installed vLLM's (it defers frees, #45357)"
+    if c["Policy"] == "priority":
+        if version is None:
+            from kvspec.conform import installed_vllm
+
+            version = installed_vllm()
+        mine = self_preempt_of(version)
+        if c["SelfPreempt"] != mine:
+            return (f"vLLM {version}'s self-preempting request does "
+                    f"{'not ' if mine == 'stop' else ''}go on to the next "
+                    f"(SelfPreempt {mine!r}, the row's {c['SelfPreempt']!r})")  # fmt: skip
     return None
 
 

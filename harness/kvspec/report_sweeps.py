@@ -94,6 +94,7 @@ def release_rows(path: Path) -> list[dict[str, str]] | None:
             "conforms": "; ".join(conforms) or str(r.get("error") or "none"),
             "diverges": "; ".join(diverges) or "-",
             "decode": str(r.get("decode", "not run")),
+            "blocks": str(r.get("blocks", "not run")),
         })  # fmt: skip
     return rows
 

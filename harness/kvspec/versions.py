@@ -37,11 +37,15 @@ class ReleaseResult:
     decode_rows: dict[str, object] | None = None
     # Real engines of the release (`kvspec scenario`, --scenario): name -> verdict
     scenarios: dict[str, str] = field(default_factory=dict)
+    # The decode scheduler's blocks (`kvspec blocks --conform --tier full`, DecodeBlocks.tla
+    # rows the release drives): "conforms (N traces)", the first divergence, or why none
+    blocks: str = "not run"
 
     def to_json(self) -> dict[str, object]:
         return {"release": self.release, "rc": self.rc, "summary": self.summary,
                 "variants": self.variants, "error": self.error, "decode": self.decode,
-                "decode_rows": self.decode_rows, "scenarios": self.scenarios}  # fmt: skip
+                "decode_rows": self.decode_rows, "scenarios": self.scenarios,
+                "blocks": self.blocks}  # fmt: skip
 
 
 def layered_venv(release: str, root: Path, timeout_s: float = 1800) -> Path:
@@ -116,6 +120,29 @@ def decode_side(
             dict(run.data.get("rows", {})))  # fmt: skip
 
 
+def blocks_side(py: Path, out: Path, timeout_s: float = 1800) -> str:
+    """`kvspec blocks --conform --tier full` in the release's venv (added after 0.34's
+    replay found 0.33's running-loop change, DecodeBlocks SelfPreempt): every driven row's
+    traces conform, or the first divergence, or why there is no verdict."""
+    run = run_cli(py, out, "blocks", ["blocks", "--conform", "--tier", "full"], timeout_s)
+    if run.data is None:
+        return f"{'inconclusive' if run.timed_out else 'not driven'}: {run.why}"
+    return blocks_verdict(list(run.data))
+
+
+def blocks_verdict(rows: list[dict[str, Any]]) -> str:
+    """One line from `kvspec blocks --conform --json`'s rows (LeaseConformance.to_json)."""
+    if not rows:
+        return "not driven: no row of this release's design"
+    for r in rows:
+        if r.get("divergences"):
+            return f"diverges: {r['divergences'][0]}"
+    held = sum(len(r.get("inconclusive") or []) for r in rows)
+    n = sum(int(r.get("conforming", 0)) for r in rows)
+    names = ", ".join(str(r.get("row")) for r in rows)
+    return (f"inconclusive ({held} traces)" if held else "conforms") + f": {n} traces ({names})"
+
+
 def scenarios(py: Path, out: Path, names: list[str], timeout_s: float = 2400) -> dict[str, str]:
     """`kvspec scenario NAMES` on the release's own engines (real vLLM processes with the
     recording connectors; each recording validated against the spec): a verdict per
@@ -140,6 +167,7 @@ def print_table(rows: list[ReleaseResult]) -> None:
             print(f"{r.release:18} {v:16} {d.get('conforming', 0)!s:>10} "
                   f"{d.get('diverging', 0)!s:>9}  {what} {where}")  # fmt: skip
         print(f"{r.release:18} {'decode side':16} {r.decode}")
+        print(f"{r.release:18} {'decode blocks':16} {r.blocks}")
         for name, verdict in r.scenarios.items():
             print(f"{r.release:18} {name:16} {verdict}")
 
@@ -171,6 +199,8 @@ def run(args: argparse.Namespace) -> int:
             print("\n".join(rows[-1].summary) or rows[-1].error, flush=True)
             rows[-1].decode, rows[-1].decode_rows = decode_side(py, out)
             print(f"decode side: {rows[-1].decode}", flush=True)
+            rows[-1].blocks = blocks_side(py, out)
+            print(f"decode blocks: {rows[-1].blocks}", flush=True)
         if args.scenario:
             rows[-1].scenarios = scenarios(py, out, args.scenario)
             for name, verdict in rows[-1].scenarios.items():

@@ -30,7 +30,13 @@ def test_which_rows_are_driven() -> None:
     assert "not the installed" in str(why_not_driven(ROWS["async-at-once-stop"]))
     assert why_not_driven(ROWS["async-defer-preempt"]) is None  # Grow, steered
     assert why_not_driven(ROWS["v2pp2-defer-preempt"]) is None  # V2 runner, PP 2
-    assert why_not_driven(ROWS["v2pp2-defer-preempt-priority"]) is None  # every init state
+    # every init state; a self-preempting request ends the running loop up to 0.32 only
+    assert why_not_driven(ROWS["v2pp2-defer-preempt-priority"], "0.32.0") is None
+    assert why_not_driven(ROWS["v2pp2-defer-preempt-priority-v0.33"], "0.34.0") is None
+    assert "does go on" in str(why_not_driven(ROWS["v2pp2-defer-preempt-priority"], "0.33.0"))
+    assert "does not go on" in str(
+        why_not_driven(ROWS["v2pp2-defer-preempt-priority-v0.33"], "0.32.0"))
+    assert why_not_driven(ROWS["v2pp2-defer-preempt"], "0.34.0") is None  # FCFS: the same
     assert "stagger" in str(why_not_driven(ROWS["xpu-v2pp2-defer-preempt-priority-no-microbatch"]))
 
 

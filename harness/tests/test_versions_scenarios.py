@@ -62,3 +62,25 @@ def test_the_decode_side_and_conform_share_the_runner(tmp_path: Path) -> None:
     doc = {"verdict": "conforms", "conforms_to": ["0.29"], "rows": {}}
     says = _fake_python(tmp_path, f"for a; do last=$a; done; echo '{json.dumps(doc)}' > $last")
     assert decode_side(says, tmp_path) == ("conforms to 0.29", {})
+
+
+def test_the_blocks_side_names_the_first_divergence_or_the_traces_that_conform(
+    tmp_path: Path,
+) -> None:
+    """`kvspec blocks --conform` in a release's venv (added when 0.34's replay found 0.33's
+    running-loop change): its first divergence, else how many traces conform in which
+    rows; a blocking release is inconclusive, never a verdict."""
+    from kvspec.versions import blocks_side
+
+    rows = [{"row": "async-defer-stop", "conforming": 15, "divergences": [],
+             "inconclusive": []},
+            {"row": "v2pp2-defer-preempt-priority", "conforming": 1933,
+             "divergences": ["v2pp2-defer-preempt-priority/3914: step 18: batches"],
+             "inconclusive": []}]  # fmt: skip
+    says = _fake_python(tmp_path, f"for a; do last=$a; done; echo '{json.dumps(rows)}' > $last")
+    assert blocks_side(says, tmp_path) == (
+        "diverges: v2pp2-defer-preempt-priority/3914: step 18: batches")  # fmt: skip
+    ok = _fake_python(tmp_path, f"for a; do last=$a; done; echo '{json.dumps(rows[:1])}' > $last")
+    assert blocks_side(ok, tmp_path) == "conforms: 15 traces (async-defer-stop)"
+    hangs = _fake_python(tmp_path, "exec sleep 600")
+    assert blocks_side(hangs, tmp_path, timeout_s=0.2) == "inconclusive: timed out after 0 s"
