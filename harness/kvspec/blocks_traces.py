@@ -34,11 +34,9 @@ def self_preempt_of(version: str) -> str:
     """DecodeBlocks' SelfPreempt of a vLLM release: under the priority policy a running
     request that preempts itself ends the running loop up to 0.32 ("stop", S:845-847);
     0.33.0 goes on to the requests after it ("continue", scheduler.py:985-995)."""
-    try:
-        major, minor = (int(x) for x in version.split(".")[:2])
-    except ValueError:
-        return "continue"  # a source tree: today's code
-    return "stop" if (major, minor) < (0, 33) else "continue"
+    from kvspec.versions import before
+
+    return "stop" if before(version, (0, 33)) else "continue"
 
 
 def why_not_driven(row: SweepRow, version: str | None = None) -> str | None:

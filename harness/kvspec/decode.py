@@ -38,11 +38,11 @@ DESIGNS = {"none": "0.30+ (0.32 as shipped)", "v0.29-register-all": "0.29"}
 def release_design(version: str) -> str:
     """The Bug value of the decode-side design a vLLM release implements (its DESIGNS key):
     0.29 registers every receive entry (pull_worker.py:64-65), 0.30+ only awaited ones."""
-    try:
-        major, minor = (int(x) for x in version.split(".")[:2])
-    except ValueError:
-        return "none"  # "not installed" or a source tree: the current design
-    return "v0.29-register-all" if (major, minor) < (0, 30) else "none"
+    from kvspec.versions import before
+
+    return "v0.29-register-all" if before(version, (0, 30)) else "none"
+
+
 DECODE = Sweep(
     command="decode",
     spec=REPO / "spec" / "Decode.tla",

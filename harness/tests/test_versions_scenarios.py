@@ -84,3 +84,16 @@ def test_the_blocks_side_names_the_first_divergence_or_the_traces_that_conform(
     assert blocks_side(ok, tmp_path) == "conforms: 15 traces (async-defer-stop)"
     hangs = _fake_python(tmp_path, "exec sleep 600")
     assert blocks_side(hangs, tmp_path, timeout_s=0.2) == "inconclusive: timed out after 0 s"
+
+
+def test_a_release_is_told_from_its_version_in_one_place() -> None:
+    # versions.before: decode.release_design and blocks_traces.self_preempt_of use it; what
+    # is not a release number is today's code, never older.
+    from kvspec.blocks_traces import self_preempt_of
+    from kvspec.decode import release_design
+    from kvspec.versions import before
+
+    assert before("0.29.0", (0, 30)) and not before("0.30.0", (0, 30))
+    assert not before("not installed", (0, 30)) and not before("main", (0, 33))
+    assert release_design("0.29.0") == "v0.29-register-all" and release_design("?") == "none"
+    assert self_preempt_of("0.32.0") == "stop" and self_preempt_of("0.34.0") == "continue"

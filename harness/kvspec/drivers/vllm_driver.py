@@ -47,8 +47,8 @@ from kvspec.drivers.prefix_layout import ONE_BLOCK, Layout, unsupported
 from kvspec.drivers.push_actions import PushActions, TransferCorrupted
 from kvspec.drivers.vllm_adapters import (
     add_recv,
-    connector_output,
     transfer_results,
+    with_known_fields,
     worker_copy,
 )
 from kvspec.drivers.vllm_caches import differing_layer, zero_blocks
@@ -290,7 +290,7 @@ class VllmDriver(PushActions, Driver):
         return runner_output(
             api,
             so,
-            connector_output(
+            with_known_fields(
                 api.KVConnectorOutput,
                 finished_sending=res.finished_sending or None,
                 finished_recving=res.finished_recving or None,
