@@ -280,16 +280,18 @@ def test_the_load_cap_row_is_driven_where_vllm_has_the_option() -> None:
     # vLLM 0.34's --max-num-inflight-kv-loads (Decode.tla LoadCap). Before 0.34 there is no
     # such option: the row is not driven, and says why. On 0.34 its traces conform, and the
     # same traces on D with the cap unset diverge at a schedule (the negative control:
-    # measured 272 of 402 diverge, kvspec versions' 0.34 venv).
+    # measured 272 of 402 diverge, kvspec versions' 0.34 venv; the async row's 834 of
+    # 1,142).
+    from kvspec.decode_traces import conform_rows
     from kvspec.drivers.vllm_adapters import has_load_cap
     from kvspec.drivers.vllm_env import DriverUnavailable
 
-    traces = _traces("conf-decode-d1-load-cap")
-    name, row, trace = traces[2]  # two requests: the second waits for the first's load
-    if not has_load_cap():
+    if not has_load_cap():  # refused before any engine is built, and before TLC runs
+        row = next(r for r in conform_rows() if r.name == "conf-decode-d1-load-cap")
         with pytest.raises(DriverUnavailable, match="max-num-inflight-kv-loads"):
-            replay_with_retry(trace, driver_for(row, trace))  # type: ignore[arg-type]
+            DecodeDriver(row)
         return
+    name, row, trace = _traces("conf-decode-d1-load-cap")[2]  # the 2nd waits for the 1st
     res = replay_with_retry(trace, driver_for(row, trace))  # type: ignore[arg-type]
     uncapped = dataclasses.replace(row, consts={**row.consts, "LoadCap": 0})  # type: ignore[type-var]
     ctl = replay_with_retry(trace, driver_for(uncapped, trace))  # type: ignore[arg-type]
