@@ -30,6 +30,7 @@ from kvspec.statgraph import DotError, parse_dot
 from kvspec.sweep import SweepRow, load_sweep_matrix
 from kvspec.tlc import run_tlc
 from kvspec.tlcvalue import Fn, Record, Value
+from kvspec.tools import QUICK_JVM
 
 REPO = Path(__file__).resolve().parents[2]
 CONFORM = REPO / "conformance" / "decode.toml"
@@ -151,7 +152,9 @@ def generate(row: SweepRow, work: Path, timeout_s: float = 300) -> list[Trace]:
     cfg = work / "Decode.cfg"
     cfg.write_text(row.cfg_text([], []))
     dot = work / "graph.dot"
-    res = run_tlc(spec, cfg, deadlock=False, dump_dot=dot, log_dir=work, timeout_s=timeout_s)
+    # Graphs small enough to cover edge by edge are seconds of TLC: C1 alone (QUICK_JVM).
+    res = run_tlc(spec, cfg, deadlock=False, dump_dot=dot, log_dir=work, timeout_s=timeout_s,
+                  jvm_flags=QUICK_JVM)  # fmt: skip
     if res.verdict != "holds":
         raise DotError(f"TLC on {row.name}: {res.verdict}: {res.error}; log {res.log_path}")
     g = parse_dot(dot.read_text())

@@ -19,6 +19,7 @@ from kvspec.itf import value_to_itf
 from kvspec.matrix import SPEC_FILE, ModelRow
 from kvspec.tlc import run_tlc
 from kvspec.tlcvalue import Value, parse_state, parse_value
+from kvspec.tools import QUICK_JVM
 
 Edge = tuple[int, str, int]
 
@@ -117,8 +118,10 @@ def tlc_state_graph(row: ModelRow, workdir: Path, *, timeout_s: float = 600) -> 
     cfg = workdir / f"{row.name}.cfg"
     cfg.write_text(row.cfg_text([], []))
     dot = workdir / f"{row.name}.dot"
+    # Conformance graphs (at most ~7,000 edges) are seconds of TLC: C1 alone (QUICK_JVM).
     res = run_tlc(
-        SPEC_FILE, cfg, deadlock=False, dump_dot=dot, log_dir=workdir, timeout_s=timeout_s
+        SPEC_FILE, cfg, deadlock=False, dump_dot=dot, log_dir=workdir, timeout_s=timeout_s,
+        jvm_flags=QUICK_JVM,
     )
     if res.verdict != "holds":
         raise DotError(f"TLC on {row.name}: {res.verdict}: {res.error}; log {res.log_path}")

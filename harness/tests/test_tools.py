@@ -82,6 +82,29 @@ def test_java_command_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cmd[1:4] == ["-Xint", "-XX:+UseSerialGC", "-cp"]
 
 
+
+def test_a_fast_sweep_row_runs_under_c1_and_a_full_row_keeps_c2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fast rows explore for seconds (QUICK_JVM halves their CPU); a full row may explore
+    for minutes, where the default JIT is 70% faster (tools.QUICK_JVM's measurements)."""
+    from kvspec import sweep
+    from kvspec.decode import DECODE
+    from kvspec.tlc import TLCResult
+
+    flags: list[object] = []
+
+    def fake(*_a: object, jvm_flags: object = "unset", **_k: object) -> TLCResult:
+        flags.append(jvm_flags)
+        return TLCResult("holds", None, None, None, None, 0.0, None, tmp_path, None)
+
+    monkeypatch.setattr(sweep, "run_tlc", fake)
+    rows = {r.tier: r for r in sweep.load_sweep_matrix(DECODE)}
+    sweep.check_sweep_row(DECODE, rows["fast"], tmp_path / "fast")
+    assert flags and set(flags) == {tools.QUICK_JVM}
+    flags.clear()
+    sweep.check_sweep_row(DECODE, rows["full"], tmp_path / "full")
+    assert flags and set(flags) == {None}  # run_tlc's default: -XX:+UseParallelGC, C2
 @needs_java
 def test_tlc_console_script_passes_exit_code(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
