@@ -87,9 +87,7 @@ ASSUME
     /\ LateArrival \in BOOLEAN
     /\ PushWatchdog \in {"none", "at-once", "after-lease"}
     /\ PushWatchdog # "none" => Transfer = "push"
-    \* LoadRoom counts every finished-but-held request as an aborted load: true where no
-    \* child delays a free (Delays: LMCache's would hold finished requests too)
-    /\ LoadCap \in Nat /\ (LoadCap > 0 => Composition # "multi-nixl-lmcache")
+    /\ LoadCap \in Nat
     \* push: one NIXL connector, no MLA notify-only path; the bugs of the history that are
     \* the scheduler's or the base worker's (the others are pull's or a child's)
     /\ Transfer = "push" => /\ ~MLA /\ Composition = "nixl"
@@ -150,11 +148,13 @@ VARIABLES
     hfl,       \* ... whose handshake failed (_failed_recv_reqs): handled at w's next poll
     cbq,       \* SplitCallbacks: deferred entries whose handshake failed, their
                \* request_ready callback not yet run, <<r, awaited>>
-    hbOff      \* PushWatchdog: requests whose registration timed out (no heartbeats)
+    hbOff,     \* PushWatchdog: requests whose registration timed out (no heartbeats)
+    abl        \* vLLM 0.34's _aborted_kv_loads: finished while their receive was
+               \* outstanding, until finished_recving reports them (LoadRoom)
 
 hsv == <<hsd, hsq, rdy, hfl, cbq>>
 vars == <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h, rem,
-          pin, pcnt, pst, failed, echo, hsv, hbOff>>
+          pin, pcnt, pst, failed, echo, hsv, hbOff, abl>>
 
 Depth == IF AsyncScheduling THEN 2 ELSE 1
 Step == [recv : SUBSET Reqs, aw : SUBSET Reqs, ran : BOOLEAN, out : [DRanks -> SUBSET Reqs],
@@ -196,7 +196,7 @@ Init ==
     /\ failed = {} /\ echo = {}
     /\ hsd = [w \in DRanks |-> IF Handshake THEN "none" ELSE "done"]
     /\ hsq = None /\ rdy = None /\ hfl = None /\ cbq = None
-    /\ hbOff = {}
+    /\ hbOff = {} /\ abl = {}
 
 \* Hooks DecodeTrace.tla overrides (its cfg: Arrived <- TraceArrived, Busy <- TraceBusy).
 \* Arrived: r has reached D's scheduler (add_request); here every request has.  Busy: D's
@@ -222,9 +222,11 @@ DCap == Cardinality(Reqs)
 \* queues (S:1095-1103) and scheduling it clears its stage (S:1638).  Past the cap the
 \* load waits at the head of async_kv_waiting and no later async request starts this
 \* pass (S:1325-1334, take_async_kv); a full hit loads nothing and is not counted.
+\* abl is vLLM's set, not "finished and held": LMCache's delayed frees hold finished
+\* requests that were never loads, and a load its finished_sending freed keeps its slot
+\* until NIXL's finished_recving, whose assert then fails (#46240).
 LoadRoom == IF LoadCap = 0 THEN Cardinality(Reqs)
-            ELSE LET held == {r \in Reqs : \/ st[r] = "wfrk" /\ r \notin fRecv
-                                           \/ st[r] = "fin"}
+            ELSE LET held == {r \in Reqs : st[r] = "wfrk" /\ r \notin fRecv} \cup abl
                  IN IF Cardinality(held) >= LoadCap THEN 0 ELSE LoadCap - Cardinality(held)
 
 Live == ~crashed /\ (Busy \/ \E r \in Reqs : st[r] # "gone")
@@ -272,8 +274,8 @@ schedule ==
                                       ran |-> FALSE, out |-> None, fail |-> None,
                                       send |-> None])
     /\ cleanup' = {}
-    /\ UNCHANGED <<hbOff, sendPend, sendDone, crashed, reg, xf, h, rem, pin, pcnt, pst, failed, echo,
-                   hsv>>
+    /\ UNCHANGED <<hbOff, abl, sendPend, sendDone, crashed, reg, xf, h, rem, pin, pcnt, pst,
+                  failed, echo, hsv>>
 
 (* Every decode worker's step (kv_connector_model_runner_mixin.py:66-107). *)
 (* start_load_kv (PW:47-123): an awaited entry is registered (73-74) and   *)
@@ -392,7 +394,7 @@ execute ==
           /\ rdy' = [w \in DRanks |-> new[w].rdy]
           /\ hfl' = [w \in DRanks |-> new[w].hfl]
     /\ sendDone' = {} /\ echo' = {}
-    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, crashed, cleanup, rem, pcnt, pst, cbq>>
+    /\ UNCHANGED <<hbOff, abl, st, fRecv, fFail, sendPend, crashed, cleanup, rem, pcnt, pst, cbq>>
 
 (* Scheduler.finish_requests (S:2649-2712) of an active request, then      *)
 (* _free_request -> request_finished: a WFRK request keeps its blocks      *)
@@ -414,6 +416,9 @@ abort(r) ==
            f == Finish(r, held)
        IN /\ st' = [st EXCEPT ![r] = f.fate]
           /\ sendPend' = IF f.pend THEN sendPend \cup {r} ELSE sendPend
+          \* finish_requests delays the free of a WFRK r whose receive is outstanding
+          \* and counts it an aborted load (S:3155-3166)
+          /\ abl' = IF held THEN abl \cup {r} ELSE abl
     /\ fRecv' = fRecv \ {r}
     /\ fFail' = fFail \ {r}
     /\ cleanup' = IF st[r] = "new" THEN cleanup \cup {r} ELSE cleanup
@@ -426,8 +431,8 @@ complete(r) ==
     /\ LET f == Finish(r, FALSE)
        IN /\ st' = [st EXCEPT ![r] = f.fate]
           /\ sendPend' = IF f.pend THEN sendPend \cup {r} ELSE sendPend
-    /\ UNCHANGED <<hbOff, fRecv, fFail, sendDone, crashed, steps, cleanup, reg, xf, h, rem, pin,
-                   pcnt, pst, failed, echo, hsv>>
+    /\ UNCHANGED <<hbOff, abl, fRecv, fFail, sendDone, crashed, steps, cleanup, reg, xf, h, rem,
+                  pin, pcnt, pst, failed, echo, hsv>>
 
 (* KVOutputAggregator.aggregate (U:63-189): r is received once world_size  *)
 (* reports are in (no per-worker dedup; expected = world_size, NIXL's      *)
@@ -463,6 +468,10 @@ update ==
                       ELSE fFail
           /\ sendPend' = (sendPend \cup {r \in errs : Delays}) \ sends
           /\ echo' = IF Bug = "second-child-recv" THEN recv ELSE {}
+          \* a failed load finished FINISHED_ERROR (S:2624-2633) before the step's
+          \* finished_recving is read (2649) is an aborted load too; finished_recving
+          \* alone ends one (3728): a finished_sending that frees r does not
+          /\ abl' = (abl \cup (errs \ fRecv)) \ recv
     /\ steps' = Tail(steps)
     /\ UNCHANGED <<hbOff, sendDone, cleanup, reg, xf, h, pin, pcnt, pst, failed, hsv>>
 
@@ -484,8 +493,8 @@ xfer_end(w, r, p, ok) ==
                                             ELSE "held"]
        ELSE UNCHANGED <<pcnt, pst>>
     /\ failed' = IF ok THEN failed ELSE failed \cup {r}
-    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf,
-                   rem, echo, hsv>>
+    /\ UNCHANGED <<hbOff, abl, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg,
+                  xf, rem, echo, hsv>>
 
 (* Push: producer rank p's writer thread has D's registration of r, a      *)
 (* PUSH_REG from get_new_notifs, and r's finished blocks                    *)
@@ -498,8 +507,8 @@ xfer_end(w, r, p, ok) ==
 push_write(w, r, p) ==
     /\ Transfer = "push" /\ h[w][r][p] = "reg" /\ pst[p][r] = "held"
     /\ h' = [h EXCEPT ![w][r][p] = "proc"]
-    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf,
-                   rem, pin, pcnt, pst, failed, echo, hsv>>
+    /\ UNCHANGED <<hbOff, abl, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg,
+                  xf, rem, pin, pcnt, pst, failed, echo, hsv>>
 
 (* Push: P's handshake with D, which _do_start_push_kv starts on a match,  *)
 (* fails: its callback logs push_handshake_failed and returns ("The engine *)
@@ -509,8 +518,8 @@ push_lost(w, r, p) ==
     /\ PushHandshakeFail /\ h[w][r][p] = "reg" /\ pst[p][r] = "held"
     /\ h' = [h EXCEPT ![w][r][p] = "lost"]
     /\ failed' = failed \cup {r}
-    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf,
-                   rem, pin, pcnt, pst, echo, hsv>>
+    /\ UNCHANGED <<hbOff, abl, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg,
+                  xf, rem, pin, pcnt, pst, echo, hsv>>
 
 (* Worker w's handshake with the producer engine starts ahead of any READ: *)
 (* D's heartbeats for a request it tracks call _ensure_handshake           *)
@@ -520,8 +529,8 @@ handshake_start(w) ==
     /\ hsd[w] = "none"
     /\ \E r \in Reqs : st[r] \in {"new", "wfrk"}
     /\ hsd' = [hsd EXCEPT ![w] = "pending"]
-    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
-                   rem, pin, pcnt, pst, failed, echo, hsq, rdy, hfl, cbq>>
+    /\ UNCHANGED <<hbOff, abl, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg,
+                  xf, h, rem, pin, pcnt, pst, failed, echo, hsq, rdy, hfl, cbq>>
 
 (* The background handshake completes: its future's done_callback         *)
 (* registers the agents (BW:1304-1316), then each deferred entry's         *)
@@ -546,8 +555,8 @@ handshake_done(w) ==
             /\ UNCHANGED rdy
        ELSE /\ rdy' = [rdy EXCEPT ![w] = @ \cup hsq[w]]
             /\ UNCHANGED h
-    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf,
-                   rem, pin, pcnt, pst, failed, echo, hfl, cbq>>
+    /\ UNCHANGED <<hbOff, abl, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg,
+                  xf, rem, pin, pcnt, pst, failed, echo, hfl, cbq>>
 
 (* The background handshake fails: its future's done_callback logs it,    *)
 (* registers no agents and removes the future (BW:1306-1325), so the next  *)
@@ -565,8 +574,8 @@ handshake_fail(w) ==
        ELSE /\ hfl' = [hfl EXCEPT ![w] = @ \cup {e[1] : e \in hsq[w]}]
             /\ failed' = failed \cup {e[1] : e \in hsq[w]}
             /\ UNCHANGED cbq
-    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
-                   rem, pin, pcnt, pst, echo, rdy>>
+    /\ UNCHANGED <<hbOff, abl, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg,
+                  xf, h, rem, pin, pcnt, pst, echo, rdy>>
 
 (* One failed entry's callback (request_ready) runs (SplitCallbacks).  A   *)
 (* future runs its callbacks in order on the handshake thread, each        *)
@@ -578,8 +587,8 @@ handshake_callback(w, e) ==
     /\ cbq' = [cbq EXCEPT ![w] = @ \ {e}]
     /\ hfl' = [hfl EXCEPT ![w] = @ \cup {e[1]}]
     /\ failed' = failed \cup {e[1]}
-    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
-                   rem, pin, pcnt, pst, echo, hsd, hsq, rdy>>
+    /\ UNCHANGED <<hbOff, abl, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg,
+                  xf, h, rem, pin, pcnt, pst, echo, hsd, hsq, rdy>>
 
 (* Producer rank p's _get_new_notifs (PW:642-693) counts "r:n"; at n it    *)
 (* reports r done sending and its blocks are freed.  A late one is dropped.*)
@@ -591,8 +600,8 @@ deliver(p, r) ==
             /\ pst' = [pst EXCEPT ![p][r] = IF pcnt[p][r] + 1 >= Consumers THEN "notified"
                                             ELSE "held"]
        ELSE UNCHANGED <<pcnt, pst>>
-    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
-                   rem, failed, echo, hsv>>
+    /\ UNCHANGED <<hbOff, abl, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg,
+                  xf, h, rem, failed, echo, hsv>>
 
 (* Producer rank p's lease on r expires.  D heartbeats r from add_request  *)
 (* until its receive is aggregated or it finishes (BS:522-525, PS:217), and *)
@@ -623,8 +632,8 @@ lease_expire(p, r) ==
           <<r, b>> \notin hsq[w] \cup rdy[w] \cup cbq[w]
     /\ pin[p][r] = 0
     /\ pst' = [pst EXCEPT ![p][r] = "expired"]
-    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
-                   rem, pin, pcnt, failed, echo, hsv>>
+    /\ UNCHANGED <<hbOff, abl, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg,
+                  xf, h, rem, pin, pcnt, failed, echo, hsv>>
 
 (* The LMCache child's delayed request completes on its workers, once.    *)
 child_send_done(r) ==
@@ -632,7 +641,7 @@ child_send_done(r) ==
     \* once: its workers report it at the next step (one report per request)
     /\ sendPend' = sendPend \ {r}
     /\ sendDone' = sendDone \cup {r}
-    /\ UNCHANGED <<hbOff, st, fRecv, fFail, crashed, steps, cleanup, reg, xf, h,
+    /\ UNCHANGED <<hbOff, abl, st, fRecv, fFail, crashed, steps, cleanup, reg, xf, h,
                    rem, pin, pcnt, pst, failed, echo, hsv>>
 
 (* PushWatchdog (a proposal): r's registration times out on D while its   *)
@@ -643,7 +652,7 @@ watchdog(r) ==
     /\ st[r] \in {"wfrk", "fin"} /\ r \notin fRecv /\ r \notin hbOff
     /\ \E w \in DRanks : r \in reg[w]
     /\ hbOff' = hbOff \cup {r}
-    /\ UNCHANGED <<st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
+    /\ UNCHANGED <<abl, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf, h,
                    rem, pin, pcnt, pst, failed, echo, hsv>>
 
 (* ... then D fails the receive: every worker that registered r reports it *)
@@ -657,8 +666,8 @@ watchdog_fail(r) ==
           \A w \in DRanks, p \in PRanks : h[w][r][p] = "lost" \/ pst[p][r] # "held"
     /\ hfl' = [w \in DRanks |-> IF r \in reg[w] THEN hfl[w] \cup {r} ELSE hfl[w]]
     /\ failed' = failed \cup {r}
-    /\ UNCHANGED <<hbOff, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg, xf,
-                   h, rem, pin, pcnt, pst, echo, hsd, hsq, rdy, cbq>>
+    /\ UNCHANGED <<hbOff, abl, st, fRecv, fFail, sendPend, sendDone, crashed, steps, cleanup, reg,
+                  xf, h, rem, pin, pcnt, pst, echo, hsd, hsq, rdy, cbq>>
 
 Oks == IF ReadFail THEN BOOLEAN ELSE {TRUE}
 ReadEnd == \E w \in DRanks, r \in Reqs, p \in PRanks, ok \in Oks : xfer_end(w, r, p, ok)

@@ -186,14 +186,15 @@ def parse_action(text: str) -> tuple[str, list[Any]]:
 
 
 OBSERVED = ("st", "fRecv", "fFail", "crashed", "steps", "cleanup", "reg", "xf", "h", "rem",
-            "pin", "pst", "hsd", "rdy", "hfl")  # fmt: skip
+            "pin", "pst", "hsd", "rdy", "hfl", "abl")  # fmt: skip
 
 
 def differences(seen: dict[str, object], want: State) -> list[str]:
     """The observed variables whose values differ ("name: real != spec"); a variable the
-    trace lacks (a counterexample kept before the spec had it) is not compared."""
+    trace lacks (a counterexample kept before the spec had it) or the release lacks (abl:
+    _aborted_kv_loads, 0.34+) is not compared."""
     return [f"{v}: {seen[v]!r} != {want[v]!r}" for v in OBSERVED
-            if v in want and seen[v] != want[v]]  # fmt: skip
+            if v in want and v in seen and seen[v] != want[v]]  # fmt: skip
 
 
 @dataclass

@@ -212,3 +212,21 @@ def test_a_recorded_load_cap_is_a_constant_and_a_cap_the_run_broke_rejects_it(
     both = _at(events, lambda e: e.a == "execute" and {r for r, _ in e.reads[0]} == {1, 2})
     assert (one.verdict, one.explained) == ("rejected", both)  # the step that READs both
     assert (two.verdict, two.explained) == ("admitted", len(m.log))
+
+
+
+def test_a_load_cap_beside_an_lmcache_child_is_a_model_tlc_accepts(tmp_path: Path) -> None:
+    """Decode.tla once assumed no LMCache child under a cap (LoadRoom counted every held
+    finished request as an aborted load), so such a recording got a TLC ASSUME error:
+    "inconclusive" for every design. abl now is vLLM's _aborted_kv_loads itself, and the
+    configuration is a model: a verdict, either way."""
+    from kvspec.validate_decode import constants
+
+    m = map_decode(_events("pd-basic"))
+    lmcache = {**m.start, "connector": "MultiConnector", "max_num_inflight_kv_loads": 1,
+               "children": ["NixlConnector", "LMCacheMPConnector"]}  # fmt: skip
+    capped = dataclasses.replace(m, start=lmcache)
+    c = constants(capped, "none")
+    assert (c["Composition"], c["LoadCap"]) == ('"multi-nixl-lmcache"', "1")
+    v = check_bug(capped, "none", tmp_path)
+    assert v.verdict in ("admitted", "rejected"), v.detail

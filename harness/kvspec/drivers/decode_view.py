@@ -108,7 +108,8 @@ class DecodeView:
     def observe(self) -> dict[str, object]:
         """The spec's variables as vLLM holds them (Decode.tla names; r, w, p as in the
         spec). Not observed: failed (history, not state), echo, sendPend and sendDone
-        (composition nixl: always empty)."""
+        (composition nixl: always empty); abl (_aborted_kv_loads) only where the release
+        has it (0.34+): decode_traces.differences compares what both sides hold."""
         reqs = range(1, self.N + 1)
         ranks, pranks = range(self.T), range(self.PT)
 
@@ -165,4 +166,5 @@ class DecodeView:
                 p: {r: "held" if p_held[(p, r)] else self.pst.get((p, r), "?") for r in reqs}
                 for p in pranks
             },  # fmt: skip
-        }
+        } | ({"abl": rs(self.d._aborted_kv_loads)} if hasattr(self.d, "_aborted_kv_loads")
+             else {})  # fmt: skip
