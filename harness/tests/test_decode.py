@@ -62,7 +62,10 @@ def test_every_bug_is_a_known_bad_row_and_shipped_rows_hold() -> None:
     kept = ("DNoFreeUnderRead", "WaitingLeaves", "HeldReleased")
     assert after and all(r.expect[p] == "holds" for r in after for p in kept)
     stalled = stalls + push_stalls
-    assert all(r.expect["WaitingLeaves"] == "holds" for r in shipped if r not in stalled)
+    # (a row whose EngineCore may die, #46240, strands what it held: no stall of the design)
+    crashes = [r for r in shipped if r.expect["NoAssertCrash"] == "violated"]
+    assert all(r.expect["WaitingLeaves"] == "holds" for r in shipped
+               if r not in stalled + crashes)  # fmt: skip
     # vLLM 0.34's --max-num-inflight-kv-loads (LoadCap): a load that may never end (a hung
     # producer, P's failed push handshake; no watchdog) holds its slot even once aborted, so
     # with the cap other requests are never admitted; uncapped twins admit them; where every

@@ -299,3 +299,27 @@ def test_the_load_cap_row_is_driven_where_vllm_has_the_option() -> None:
         pytest.skip(f"inconclusive: {res.timeout or ctl.timeout}")
     assert res.divergence is None, (name, res)
     assert ctl.divergence is not None and "(schedule)" in ctl.divergence, ctl
+
+
+def test_aborted_loads_are_compared_where_the_scheduler_keeps_them() -> None:
+    # Decode.tla's abl is vLLM 0.34's _aborted_kv_loads (LoadRoom). On 0.34 an abort of a
+    # load whose receive is outstanding puts it there, the trace conforms, and the same
+    # trace with abl emptied at that step diverges at abl (measured on 0.34: 254 of the
+    # 504 traces of conf-decode-d1-fail and -d1-load-cap pass through a non-empty abl).
+    # Before 0.34 the scheduler has no such set: the driver does not observe it.
+    name, row, trace = next(t for t in _traces("conf-decode-d1-fail")
+                            if any(s.get("abl") for _, s in t[2]))  # fmt: skip
+    at = next(k for k, (_, s) in enumerate(trace) if s.get("abl"))
+    with DecodeDriver(row) as d:  # type: ignore[arg-type]
+        if not hasattr(d.d, "_aborted_kv_loads"):
+            assert "abl" not in d.observe()
+            return
+    res = replay_with_retry(trace, driver_for(row, trace))  # type: ignore[arg-type]
+    bad = copy.deepcopy(trace)
+    bad[at][1]["abl"] = frozenset()
+    ctl = replay_with_retry(bad, driver_for(row, bad))  # type: ignore[arg-type]
+    if res.timeout or ctl.timeout:
+        pytest.skip(f"inconclusive: {res.timeout or ctl.timeout}")
+    assert res.divergence is None, (name, res)
+    assert ctl.divergence is not None and f"step {at} " in ctl.divergence, ctl
+    assert "abl:" in ctl.divergence, ctl
