@@ -156,11 +156,12 @@ def trace_verdict(name: str, module: Path, cfg: Path, events: int,
     d = module.parent
     dot = d / "states.dot"
     # The log bounds what TLC explores (seconds): C1 alone, QUICK_JVM, not C2's warm-up.
-    res = run_tlc(module, cfg, deadlock=False, dump_dot=dot, log_dir=d, timeout_s=timeout_s,
-                  jvm_flags=QUICK_JVM)  # fmt: skip
-    if res.verdict == "timeout":  # a loaded machine: once more, twice as long
-        res = run_tlc(module, cfg, deadlock=False, dump_dot=dot, log_dir=d,
-                      timeout_s=2 * timeout_s, jvm_flags=QUICK_JVM)  # fmt: skip
+    # A timeout (a loaded machine) is run once more, twice as long.
+    for limit in (timeout_s, 2 * timeout_s):
+        res = run_tlc(module, cfg, deadlock=False, dump_dot=dot, log_dir=d, timeout_s=limit,
+                      jvm_flags=QUICK_JVM)  # fmt: skip
+        if res.verdict != "timeout":
+            break
     if res.verdict == "violated" and res.violated_property == "TraceUnfinished":
         return DesignVerdict(name, "admitted", events)
     if res.verdict != "holds":

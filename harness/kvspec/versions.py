@@ -109,6 +109,12 @@ def run_cli(py: Path, out: Path, name: str, args: list[str], timeout_s: float) -
     return CliRun(p.returncode, json.loads(js.read_text()))
 
 
+def no_verdict(run: CliRun) -> str:
+    """Why a release-side run wrote no verdict: killed at its timeout (inconclusive), or
+    the command could not drive the release (its log's last line)."""
+    return f"{'inconclusive' if run.timed_out else 'not driven'}: {run.why}"
+
+
 def conform(release: str, py: Path, out: Path, timeout_s: float = 3600) -> ReleaseResult:
     run = run_cli(py, out, "conform", ["conform", "--driver", "vllm"], timeout_s)
     if run.data is None:
@@ -124,7 +130,7 @@ def decode_side(
     why it gave none (a release the decode driver cannot build, a timeout)."""
     run = run_cli(py, out, "decode", ["decode", "--conform"], timeout_s)
     if run.data is None:
-        return f"{'inconclusive' if run.timed_out else 'not driven'}: {run.why}", None
+        return no_verdict(run), None
     held = run.data.get("conforms_to") or []  # the Decode.tla designs that admit it all
     verdict = str(run.data.get("verdict"))
     return (f"{verdict} to {', '.join(map(str, held))}" if held else verdict,
@@ -137,7 +143,7 @@ def blocks_side(py: Path, out: Path, timeout_s: float = 1800) -> str:
     traces conform, or the first divergence, or why there is no verdict."""
     run = run_cli(py, out, "blocks", ["blocks", "--conform", "--tier", "full"], timeout_s)
     if run.data is None:
-        return f"{'inconclusive' if run.timed_out else 'not driven'}: {run.why}"
+        return no_verdict(run)
     return blocks_verdict(list(run.data))
 
 

@@ -82,7 +82,6 @@ def test_java_command_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cmd[1:4] == ["-Xint", "-XX:+UseSerialGC", "-cp"]
 
 
-
 def test_a_fast_sweep_row_runs_under_c1_and_a_full_row_keeps_c2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -105,6 +104,8 @@ def test_a_fast_sweep_row_runs_under_c1_and_a_full_row_keeps_c2(
     flags.clear()
     sweep.check_sweep_row(DECODE, rows["full"], tmp_path / "full")
     assert flags and set(flags) == {None}  # run_tlc's default: -XX:+UseParallelGC, C2
+
+
 @needs_java
 def test_tlc_console_script_passes_exit_code(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -214,7 +214,6 @@ def test_a_recorded_load_cap_is_a_constant_and_a_cap_the_run_broke_rejects_it(
     assert (two.verdict, two.explained) == ("admitted", len(m.log))
 
 
-
 def test_a_load_cap_beside_an_lmcache_child_is_a_model_tlc_accepts(tmp_path: Path) -> None:
     """Decode.tla once assumed no LMCache child under a cap (LoadRoom counted every held
     finished request as an aborted load), so such a recording got a TLC ASSUME error:
@@ -229,4 +228,9 @@ def test_a_load_cap_beside_an_lmcache_child_is_a_model_tlc_accepts(tmp_path: Pat
     c = constants(capped, "none")
     assert (c["Composition"], c["LoadCap"]) == ('"multi-nixl-lmcache"', "1")
     v = check_bug(capped, "none", tmp_path)
-    assert v.verdict in ("admitted", "rejected"), v.detail
+    if v.verdict == "inconclusive" and v.detail.startswith("TLC timeout"):
+        pytest.skip(f"inconclusive: {v.detail}")  # a loaded machine, never a verdict
+    # pd-basic's D ran NIXL alone: no LMCache report frees its requests, so TLC explains
+    # the run up to an event past that point (12 of 28, measured) and rejects it there;
+    # under the old ASSUME this was a TLC error ("inconclusive", no event explained)
+    assert v.verdict == "rejected" and 0 < v.explained < len(m.log), v

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvspec.drivers.decode_seams import HeldHandshake, HeldReads
-from kvspec.drivers.vllm_adapters import awaits, remote_rank
+from kvspec.drivers.vllm_adapters import aborted_kv_loads, awaits, remote_rank
 from kvspec.drivers.vllm_consumers import nixl_of
 from kvspec.drivers.vllm_driver import VllmDriver
 from kvspec.drivers.vllm_view import req_id
@@ -166,5 +166,4 @@ class DecodeView:
                 p: {r: "held" if p_held[(p, r)] else self.pst.get((p, r), "?") for r in reqs}
                 for p in pranks
             },  # fmt: skip
-        } | ({"abl": rs(self.d._aborted_kv_loads)} if hasattr(self.d, "_aborted_kv_loads")
-             else {})  # fmt: skip
+        } | ({} if (abl := aborted_kv_loads(self.d)) is None else {"abl": rs(abl)})

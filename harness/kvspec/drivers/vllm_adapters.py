@@ -190,6 +190,14 @@ def has_load_cap() -> bool:
     return "max_num_inflight_kv_loads" in fields
 
 
+def aborted_kv_loads(sched: Any) -> set[str] | None:
+    """vllm 0.34.0's `Scheduler._aborted_kv_loads` (Decode.tla abl: `finish_requests` adds
+    a load finished while its receive is outstanding, `scheduler.py:3155-3166`, and
+    `finished_recving` alone removes it, 3728), or None: earlier releases keep no such set."""
+    held = getattr(sched, "_aborted_kv_loads", None)
+    return None if held is None else set(held)
+
+
 @contextlib.contextmanager
 def runner_check_waived() -> Iterator[None]:
     """Build a VllmConfig on an x86 host without triton-cpu. vllm 0.34.0's CPU platform
