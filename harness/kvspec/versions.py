@@ -110,15 +110,32 @@ def run_cli(py: Path, out: Path, name: str, args: list[str], timeout_s: float) -
 
 
 def no_verdict(run: CliRun) -> str:
-    """Why a release-side run wrote no verdict: killed at its timeout (inconclusive), or
-    the command could not drive the release (its log's last line)."""
-    return f"{'inconclusive' if run.timed_out else 'not driven'}: {run.why}"
+    """Why a release-side run wrote no verdict: killed at its timeout (inconclusive); exit 2,
+    the command's refusal (the driver cannot be built on this release: not driven); any
+    other exit without its JSON is a failed run (a traceback, a killed interpreter), which
+    `kvspec versions` must not pass off as a release it merely cannot drive."""
+    if run.timed_out:
+        return f"inconclusive: {run.why}"
+    if run.rc == 2:
+        return f"not driven: {run.why}"
+    return f"{FAILED} (exit {run.rc}): {run.why}"
+
+
+FAILED = "failed"  # no_verdict's word for a run that broke; `kvspec versions` exits 1 on it
+
+
+def failures(row: ReleaseResult) -> list[str]:
+    """The sides of one release whose run broke (install, or a command exiting without its
+    JSON other than by refusing): a harness or environment fault, never a design verdict."""
+    sides = {"producer side": row.error, "decode side": row.decode,
+             "decode blocks": row.blocks, **row.scenarios}  # fmt: skip
+    return [f"{k}: {v}" for k, v in sides.items() if v.startswith(FAILED)]
 
 
 def conform(release: str, py: Path, out: Path, timeout_s: float = 3600) -> ReleaseResult:
     run = run_cli(py, out, "conform", ["conform", "--driver", "vllm"], timeout_s)
     if run.data is None:
-        return ReleaseResult(release, run.rc, [], {}, run.why)
+        return ReleaseResult(release, run.rc, [], {}, no_verdict(run))
     return ReleaseResult(release, run.rc, list(run.data.get("summary", [])),
                          dict(run.data.get("variants", {})))  # fmt: skip
 
@@ -167,7 +184,7 @@ def scenarios(py: Path, out: Path, names: list[str], timeout_s: float = 2400) ->
     run = run_cli(py, out, "scenario",
                   ["scenario", *names, "--out", str(out / "scenario")], timeout_s)  # fmt: skip
     if run.data is None:
-        return {n: f"{'inconclusive' if run.timed_out else 'not run'}: {run.why}" for n in names}
+        return {n: no_verdict(run) for n in names}
     return {str(r["name"]): f"{r['verdict']} in {r['seconds']} s, admitted by "
             f"{', '.join(r['admitted']) or 'none'}" for r in run.data}  # fmt: skip
 
@@ -205,8 +222,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"== {rel}", flush=True)
         try:
             py = layered_venv(rel, args.out)
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-            rows.append(ReleaseResult(rel, 2, [], {}, f"install failed: {exc}"))
+        except subprocess.TimeoutExpired as exc:  # a wait that expired: no verdict, no fault
+            rows.append(ReleaseResult(rel, 2, [], {}, f"inconclusive (install): {exc}"))
+            continue
+        except subprocess.CalledProcessError as exc:
+            rows.append(ReleaseResult(rel, 2, [], {}, f"{FAILED} (install): {exc}"))
             continue
         out = args.out / rel.replace("==", "-")
         if args.skip_conform:
@@ -225,4 +245,8 @@ def run(args: argparse.Namespace) -> int:
     print_table(rows)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps([r.to_json() for r in rows], indent=2))
-    return 0
+    # A divergence is what this command reports, not a fault; a run that broke is one.
+    broken = [f"{r.release}: {f}" for r in rows for f in failures(r)]
+    for line in broken:
+        print(f"kvspec versions: {line}", file=sys.stderr)
+    return 1 if broken else 0

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
 from pathlib import Path
 
+import pytest
 from kvspec.versions import scenarios
 
 
@@ -37,10 +39,10 @@ def test_a_release_whose_run_blocks_is_inconclusive(tmp_path: Path) -> None:
     assert got == {"pd-basic": "inconclusive: timed out after 0 s"}
 
 
-def test_a_release_that_cannot_run_them_says_why(tmp_path: Path) -> None:
+def test_a_release_whose_run_breaks_is_a_failure_that_says_why(tmp_path: Path) -> None:
     py = _fake_python(tmp_path, "echo 'No module named vllm._C' >&2; exit 1")
     got = scenarios(py, tmp_path, ["pd-basic"])
-    assert got == {"pd-basic": "not run: No module named vllm._C"}
+    assert got == {"pd-basic": "failed (exit 1): No module named vllm._C"}
 
 
 def test_the_decode_side_and_conform_share_the_runner(tmp_path: Path) -> None:
@@ -51,10 +53,13 @@ def test_the_decode_side_and_conform_share_the_runner(tmp_path: Path) -> None:
     blocks = _fake_python(tmp_path, "exec sleep 600")
     assert decode_side(blocks, tmp_path, timeout_s=0.2) == (
         "inconclusive: timed out after 0 s", None)  # fmt: skip
-    dies = _fake_python(tmp_path, "echo 'no driver' >&2; exit 3")
-    assert decode_side(dies, tmp_path) == ("not driven: no driver", None)
+    dies = _fake_python(tmp_path, "echo 'Traceback: KeyError' >&2; exit 3")
+    assert decode_side(dies, tmp_path) == ("failed (exit 3): Traceback: KeyError", None)
     got = conform("r", dies, tmp_path)
-    assert (got.rc, got.error) == (3, "no driver")
+    assert (got.rc, got.error) == (3, "failed (exit 3): Traceback: KeyError")
+    # exit 2 is the command's refusal (its driver cannot be built there): not driven
+    refuses = _fake_python(tmp_path, "echo 'the vllm driver is unavailable' >&2; exit 2")
+    assert decode_side(refuses, tmp_path) == ("not driven: the vllm driver is unavailable", None)
     doc = {"verdict": "conforms", "rows": {"a": 1}}
     says = _fake_python(tmp_path, f"for a; do last=$a; done; echo '{json.dumps(doc)}' > $last")
     assert decode_side(says, tmp_path) == ("conforms", {"a": 1})
@@ -97,3 +102,43 @@ def test_a_release_is_told_from_its_version_in_one_place() -> None:
     assert not before("not installed", (0, 30)) and not before("main", (0, 33))
     assert release_design("0.29.0") == "v0.29-register-all" and release_design("?") == "none"
     assert self_preempt_of("0.32.0") == "stop" and self_preempt_of("0.34.0") == "continue"
+
+
+def test_versions_exits_1_when_a_run_breaks_and_0_when_a_release_diverges(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A divergence is the command's report (0.29 diverges from 0.30+'s design); a side
+    that broke (a traceback, a failed install) must turn the nightly red, a timeout not.
+    Negative control: the same run with every side refusing or diverging exits 0."""
+    import argparse
+
+    from kvspec import versions
+
+    doc = {"summary": ["v0.29: 3 diverging"], "variants": {}, "verdict": "diverges",
+           "rows": {}}  # fmt: skip
+    blocks = [{"row": "async-defer-stop", "conforming": 1, "divergences": []}]
+    scen = [{"name": "pd-basic", "verdict": "pass", "seconds": 1.0, "admitted": []}]
+    # $3 is the kvspec command (python -m kvspec.cli CMD ...): each reads its own JSON shape
+    writes = (f"for a; do last=$a; done; case $3 in blocks) echo '{json.dumps(blocks)}';; "
+              f"scenario) echo '{json.dumps(scen)}';; *) echo '{json.dumps(doc)}';; esac > $last")
+    args = argparse.Namespace(releases=["r"], out=tmp_path / "o", json=tmp_path / "v.json",
+                              scenario=["pd-basic"], skip_conform=False)  # fmt: skip
+
+    def run_with(body: str) -> tuple[int, list[dict[str, object]]]:
+        py = _fake_python(tmp_path, body)
+        monkeypatch.setattr(versions, "layered_venv", lambda *_a, **_k: py)
+        return versions.run(args), json.loads(args.json.read_text())
+
+    rc, rows = run_with(writes)
+    assert rc == 0 and rows[0]["decode"] == "diverges"
+    rc, rows = run_with("exit 2")
+    assert rc == 0 and rows[0]["decode"] == "not driven: "
+    rc, rows = run_with("echo 'Segmentation fault' >&2; exit 139")
+    assert rc == 1 and rows[0]["scenarios"] == {"pd-basic": "failed (exit 139): Segmentation fault"}
+
+    def no_install(*_a: object, **_k: object) -> Path:
+        raise subprocess.CalledProcessError(1, ["pip"])
+
+    monkeypatch.setattr(versions, "layered_venv", no_install)
+    assert versions.run(args) == 1
+    assert str(json.loads(args.json.read_text())[0]["error"]).startswith("failed (install)")
