@@ -250,7 +250,7 @@ def conform_row(
 
 
 def run_blocks_conform(sweep: Sweep, args: argparse.Namespace) -> int:
-    caching = bool(getattr(args, "prefix_caching", False))
+    caching = bool(args.prefix_caching)
     make = cached_blocks_driver if caching else _vllm_blocks_driver
     return run_conform_rows(
         sweep, args, lambda s, r, w: conform_row(s, r, w, make),

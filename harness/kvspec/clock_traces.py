@@ -303,7 +303,7 @@ def conform_row(
 def run_clock_conform(sweep: Sweep, args: argparse.Namespace) -> int:
     """`kvspec clock --conform [--layout L]`: P's prompts and prefix caching laid out as L;
     a row the layout cannot run (DCP > 1) is not driven."""
-    layout = getattr(args, "layout", ONE_BLOCK.name)  # (a caller's own Namespace)
+    layout = args.layout
     make = clock_driver_factory(LAYOUTS[layout])
 
     def not_driven(row: SweepRow) -> str | None:

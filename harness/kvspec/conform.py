@@ -380,7 +380,7 @@ def run(args: argparse.Namespace) -> int:
                 results_path=args.results,
                 json_out=args.json,
                 progress=sys.stderr.isatty(),
-                layout=getattr(args, "layout", "one-block"),
+                layout=args.layout,
             )
     except (ImportError, DriverUnavailable) as exc:
         print(

@@ -112,7 +112,7 @@ def conform(args: argparse.Namespace) -> int:
     from kvspec.drivers.vllm_env import DriverUnavailable
     from kvspec.drivers.vllm_logging import vllm_logs
 
-    caching = bool(getattr(args, "prefix_caching", False))  # (a caller's own Namespace)
+    caching = bool(args.prefix_caching)
     counts: Counter[tuple[str, str]] = Counter()
     first: dict[str, str] = {}
     not_driven: dict[str, str] = {}  # a row this vLLM cannot build: no verdict, said so

@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kvspec.drivers.prefix_layout import LAYOUTS, ONE_BLOCK
+from kvspec.drivers.prefix_layout import LAYOUTS
 from kvspec.drivers.vllm_env import DriverUnavailable
 from kvspec.drivers.vllm_logging import vllm_logs
 from kvspec.lease_traces import LeaseConformance, conform_row, lease_driver_factory
@@ -102,7 +102,7 @@ def run_conform_rows(
 
 def run_lease_conform(sweep: Sweep, args: argparse.Namespace) -> int:
     """`kvspec lease --conform [--layout L]`: P's prompts and prefix caching laid out as L."""
-    layout = getattr(args, "layout", ONE_BLOCK.name)  # (a caller's own Namespace)
+    layout = args.layout
     make = lease_driver_factory(LAYOUTS[layout])
     return run_conform_rows(
         sweep, args, lambda s, r, w: conform_row(s, r, w, make), layout=layout

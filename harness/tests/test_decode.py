@@ -184,10 +184,10 @@ def test_a_design_conforms_only_when_every_trace_of_its_rows_conforms() -> None:
 def test_decode_conform_names_a_replay_that_raised_and_goes_on(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    import argparse
     import contextlib
 
     from kvspec import decode_traces
+    from kvspec.cli import build_parser
     from kvspec.decode import conform
     from kvspec.decode_traces import Replay
     from kvspec.drivers import vllm_logging
@@ -207,7 +207,7 @@ def test_decode_conform_names_a_replay_that_raised_and_goes_on(
     monkeypatch.setattr(decode_traces, "suite", lambda tier, only: traces)
     monkeypatch.setattr(decode_traces, "replay_with_retry", replay)
     monkeypatch.setattr(vllm_logging, "vllm_logs", lambda *a: contextlib.nullcontext(None))
-    args = argparse.Namespace(tier="fast", only=[], verbose=False, json=tmp_path / "d.json")
+    args = build_parser().parse_args(["decode", "--conform", "--json", str(tmp_path / "d.json")])
     assert conform(args) == 1  # the run failed
     out = capsys.readouterr().out
     assert replay.calls == 3  # type: ignore[attr-defined]  # the next traces still ran
