@@ -87,7 +87,7 @@ def test_shipped_vllm_frees_under_a_transfer_once_the_lease_passes(
 ) -> None:
     """Timing = "untimed" (KVCompletion.tla): the lease passes under a running READ (pull)
     or WRITE (push); vLLM's reaper reports the request and the scheduler frees its blocks
-    while the transfer still runs (#21570, #26929; push_worker.py:833)."""
+    while the transfer still runs (#21570; push_worker.py:833)."""
 
     def freed_mid_transfer(driver: Any) -> None:
         running = {r for (r, _w), rd in driver.reads.items() if rd.state == "inflight"}

@@ -276,6 +276,9 @@ add_record_parser = _stage_parser(
 add_scenario_parser = _stage_parser(
     "scenario", "run real vLLM engines, record, validate, check the end state"
 )
+add_bugs_parser = _stage_parser(
+    "bugs", "the public completion bugs and what in kvspec catches each (spec/bugs.toml)"
+)
 
 
 PARSERS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
@@ -294,6 +297,7 @@ PARSERS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], No
     add_record_parser,
     add_scenario_parser,
     add_versions_parser,
+    add_bugs_parser,
 ]
 
 

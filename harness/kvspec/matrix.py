@@ -21,7 +21,8 @@ from kvspec.itf import JSON
 VARIANTS = ("v0.29", "v0.30-shipped", "fixed", "naive-replicas")
 COMPOSITIONS = ("nixl", "multi-nixl-offload-upstream", "multi-nixl-hf3fs")
 # nixl/base_worker.py:_reap_expired_send_leases: 0.29 and 0.30 stop at the first lease
-# not yet expired ("early-break", #50789); 0.31+ scan every lease ("full-scan", #58222).
+# not yet expired ("early-break": #58222 / #50789, a heartbeated head strands expired
+# leases); 0.31+ scan every lease ("full-scan", the fix #50789 proposes).
 REAPERS = ("full-scan", "early-break")
 # kv_connector NixlConnector (pull: the decode side READs) or NixlPushConnector (push: the
 # producer WRITEs), nixl/connector.py:373-414.

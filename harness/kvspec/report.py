@@ -355,6 +355,9 @@ def build_report(
         commands=COMMANDS,
         generated=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     )
+    from kvspec.bugs import bugs_context, observed_verdicts
+
+    ctx["bugs"] = bugs_context(observed_verdicts(check.get("results") or [], sweeps or {}))
     ctx["repro"] = _repro(ctx)
     env = _env()
     out.mkdir(parents=True, exist_ok=True)

@@ -294,7 +294,7 @@ def test_upstream_offload_flushes_a_reused_blocks_store_before_the_forward() -> 
 
 
 def test_negative_control_unfenced_reuse_is_seen_as_a_clobber() -> None:
-    # #46014-style bug re-introduced in memory: request_finished registers no fence.
+    # #46951's outcome re-introduced in memory: request_finished registers no fence.
     with VllmDriver(row("multi-nixl-offload-upstream", n=2, cap=1)) as d:
         osched = d.sched.connector._connectors[1].connector_scheduler
         real = osched.request_finished

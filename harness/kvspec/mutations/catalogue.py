@@ -258,7 +258,7 @@ _ALL = [
         "the offloading scheduler's request_finished registers no deferred fence: a reused "
         "block's store is not flushed before the forward",
         f"{OFFLOADING}.scheduler:OffloadingConnectorScheduler.request_finished",
-        "#46951/#46014",
+        "#46951 (its outcome: a block reused under its store)",
         e.offload_fence_dropped,
     ),
     _m(
