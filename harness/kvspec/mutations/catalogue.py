@@ -292,6 +292,13 @@ _ALL = [
         pu.expired_write_reported,
     ),
     _m(
+        "push-success-unreported",
+        "push mode: a request whose WRITEs all succeeded is not reported until its lease",
+        f"{PUSH_WORKER}.get_transfer_results",
+        "#58188 (the regression of #56104: successful WRITEs filtered by _recving_metadata)",
+        pu.success_unreported,
+    ),
+    _m(
         "multi-recv-reported-twice",
         "the worker MultiConnector reports each finished_recving again at the next call",
         f"{MULTI}.get_transfer_results",
