@@ -616,7 +616,7 @@ TypeOK ==
     /\ late \subseteq Reqs \X Ranks
 
 -----------------------------------------------------------------------------
-(* #21570, #24268: P frees r while D's READ of it is yet to land (queued,   *)
+(* #21570: P frees r while D's READ of it is yet to land (queued,           *)
 (* posted, or overtaken by its own notification).  No timing guard left:   *)
 (* this is now a statement about Lease against QMax, RMax, the lost        *)
 (* heartbeats and DStall.                                                  *)

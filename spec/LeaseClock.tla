@@ -179,7 +179,7 @@ TypeOK ==
     /\ d \in [Reqs -> {"queued", "reading", "notifying", "done"}]
     /\ notif \subseteq Reqs
 
-(* #21570, #24268: P frees r (lease expiry, or an early notification)     *)
+(* #21570: P frees r (lease expiry, or an early notification)             *)
 (* while D's READ of r's blocks is still running or yet to start.          *)
 NoFreeUnderRead == \A r \in Reqs : p[r] = "freed" => d[r] \in {"notifying", "done"}
 

@@ -137,6 +137,8 @@ def test_unmutated_vllm_passes_the_extension_traces(base: Base) -> None:
         # Timing untimed: the WRITE outlives its lease; reported again at step 15 (14 before
         # the lazy handshake: a rank's first WRITE is push_match, push_deferred)
         ("push-expired-write-reported", "x-v0.30-shipped-nixl-push-untimed-2req/", 15),
+        # #58188's regression: the WRITE lands, P does not report the request (its lease will)
+        ("push-success-unreported", "x-v0.30-shipped-nixl-push-pcp1/", 14),
     ],
 )
 def test_mutant_is_killed(name: str, trace_prefix: str, step: int | None) -> None:
