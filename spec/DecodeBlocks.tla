@@ -28,6 +28,28 @@
 (*    step's start_load_kv and its finished_recving promotes it (spec/    *)
 (*    Decode.tla has the completion accounting; here only the blocks).    *)
 (* Design "defer" is 0.32 (#45357); "at-once" frees at once, as before it. *)
+(* The offload child (Offload, vLLM #46951): MultiConnector(NIXL,          *)
+(* OffloadingConnector) on D. O = distributed/kv_transfer/kv_connector/v1/ *)
+(* offloading/scheduler.py of 0.32:                                        *)
+(*  - a finished request's blocks go back at once (request_finished        *)
+(*    returns False, O:2005-2044) while its store jobs may still read them: *)
+(*    the final one is built from finished_req_ids at the next             *)
+(*    build_connector_meta (O:1575-1578), earlier ones are in flight;      *)
+(*    their blocks are registered as fences (O:1838-1842, 2037-2042);      *)
+(*  - build_connector_meta flushes every pending store job that reads a    *)
+(*    block allocated in this schedule (O:1865-1877); the worker waits for *)
+(*    them in handle_preemptions (offloading/worker.py:219-244), which the *)
+(*    model runner calls before start_load_kv posts the step's READs       *)
+(*    (gpu_model_runner.py:3969-3971);                                     *)
+(*  - the allocations the child sees: the blocks of the step's scheduled   *)
+(*    requests (_update_req_states, O:1281-1310, yield_req_data) and those *)
+(*    update_state_after_alloc is told of.  MultiConnector passes the      *)
+(*    non-chosen child num_external_tokens 0 (multi_connector.py:467-477), *)
+(*    and 0.32's child returns at once then (O:1149-1150): the blocks of a *)
+(*    NIXL async load are not seen ("fence-scheduled").  0.33.0 and 0.34.0 *)
+(*    record them first ("fence-all": 0.33 O:1354-1359, 0.34 O:1507-1512). *)
+(* Abstraction: one store job per request that ran, over all its blocks,   *)
+(* pending from its finish until it completes (store_done) or a flush.     *)
 (* Abstractions: one block per request, plus one more when a running one   *)
 (* crosses a block boundary (Grow); the preemption happens inside the      *)
 (* schedule, in the running loop's order (run); FCFS's victim is the       *)
@@ -57,6 +79,9 @@ CONSTANTS
                      \* fit in the blocks it freed (vllm 0.33.0 scheduler.py:985-995,
                      \* 0.34.0 1001-1011). FCFS's victim is the last running request, so
                      \* the two are the same there
+    Offload,         \* the offload child: "none" | "fence-scheduled" (0.32: allocations for
+                     \* another child's async load are not seen, #46951) | "fence-all"
+                     \* (0.33+)
     Stagger          \* AsyncScheduler's decode_stagger on the V2 runner: a request scheduled
                      \* for a full step may decode again only Stagger steps later
                      \* (async_scheduler.py:19-23, 52-57; the check S:680-684): pp_size,
@@ -66,6 +91,7 @@ CONSTANTS
 ASSUME /\ Batches \in 1 .. 3 /\ Grow \in BOOLEAN /\ Stop \in BOOLEAN
        /\ Design \in {"defer", "at-once"} /\ Policy \in {"fcfs", "priority"} /\ NBlocks \in Nat \ {0}
        /\ NLocal \in Nat /\ Stagger \in 1 .. 2 /\ SelfPreempt \in {"stop", "continue"}
+       /\ Offload \in {"none", "fence-scheduled", "fence-all"}
 
 Local == {r \in Reqs : r <= NLocal}
 Remote == Reqs \ Local
@@ -93,12 +119,16 @@ VARIABLES
     run,       \* self.running, in order (the running loop's order; FCFS's victim is
                \* its last)
     prio,      \* r: its priority (request.priority; lower runs first); any, fixed at Init
-    cool       \* r: schedules left before r may decode again (V2 runner + PP + async)
+    cool,      \* r: schedules left before r may decode again (V2 runner + PP + async)
+    sto,       \* r: the blocks r's pending store jobs read (the offload child; {}: none)
+    clob       \* a READ or a forward wrote a block a pending store of another request
+               \* still reads (the offload tier then keeps the wrong KV under r's keys)
 
-vars == <<st, kv, dst, held, want, queue, need, free, deferred, steps, rd, run, prio, cool>>
+vars == <<st, kv, dst, held, want, queue, need, free, deferred, steps, rd, run, prio, cool,
+          sto, clob>>
 
 Step == [batch : SUBSET Reqs, tbl : [Reqs -> SUBSET Blocks], recv : SUBSET Reqs,
-         ran : BOOLEAN]
+         fl : SUBSET Reqs, ran : BOOLEAN]
 
 TypeOK ==
     /\ st \in [Reqs -> {"waiting", "wfrk", "running", "done"}]
@@ -111,6 +141,7 @@ TypeOK ==
     /\ run \in Seq(Reqs)
     /\ prio \in [Reqs -> 1 .. Cardinality(Reqs)]
     /\ cool \in [Reqs -> 0 .. (Stagger - 1)]
+    /\ sto \in [Reqs -> SUBSET Blocks] /\ clob \in BOOLEAN
 
 \* Every block is free, deferred, or held by exactly one request.
 BlocksAccounted ==
@@ -148,6 +179,8 @@ Init ==
     \* running.append): FCFS, arrival; priority, the heap's (priority, arrival).
     /\ run = Sorted(Local)
     /\ cool = [r \in Reqs |-> 0]
+    /\ sto = [r \in Reqs |-> {}]
+    /\ clob = FALSE
 
 ASSUME Cardinality(Local) <= NBlocks
 
@@ -242,12 +275,19 @@ schedule ==
         LET pre == s.pq # <<>>
             victims == Range(s.pq)
             promoted == IF pre THEN {} ELSE {r \in Reqs : st[r] = "wfrk" /\ rd[r] = "seen"}
+            grown == UNION {s.held[r] \ held[r] : r \in Reqs}
         IN \E admit \in (IF pre THEN {{}} ELSE Admits(Cardinality(s.free))) :
            \E give \in [admit -> SUBSET s.free] :
              /\ \A r \in admit : Cardinality(give[r]) = s.need[r]
              /\ \A x, y \in admit : x # y => give[x] \cap give[y] = {}
              /\ LET newLocal == {r \in admit : kv[r] = "local"}
                     held2 == [r \in Reqs |-> IF r \in admit THEN give[r] ELSE s.held[r]]
+                    \* the allocations the offload child sees: the scheduled requests'
+                    \* (grown, new local, promoted), and with "fence-all" an async load's
+                    seen == grown \cup UNION {give[r] : r \in newLocal}
+                            \cup UNION {held[r] : r \in promoted}
+                            \cup (IF Offload = "fence-all"
+                                  THEN UNION {give[r] : r \in admit \ newLocal} ELSE {})
                 IN /\ held' = held2
                    /\ dst' = [r \in Reqs |-> IF r \in admit \ newLocal THEN give[r]
                                             ELSE IF r \in victims THEN {} ELSE dst[r]]
@@ -268,37 +308,61 @@ schedule ==
                    /\ steps' = Append(steps,
                          [batch |-> s.batch \cup promoted \cup newLocal,
                           tbl |-> [r \in Reqs |-> held2[r]],
-                          recv |-> admit \ newLocal, ran |-> FALSE])
-    /\ UNCHANGED <<deferred, rd, prio>>
+                          recv |-> admit \ newLocal,
+                          \* build_connector_meta's jobs_to_flush (O:1865-1877)
+                          \* (no child: nothing to flush; skips the work in the big rows)
+                          fl |-> IF Offload = "none" THEN {}
+                                 ELSE {q \in Reqs : sto[q] \cap seen # {}},
+                          ran |-> FALSE])
+    /\ UNCHANGED <<deferred, rd, prio, sto, clob>>
 
 (* A running request's next token crosses a block boundary (once).         *)
 grow(r) ==
     /\ Grow
     /\ st[r] = "running" /\ r \notin want /\ Cardinality(held[r]) = 1
     /\ want' = want \cup {r}
-    /\ UNCHANGED <<st, kv, dst, held, queue, need, free, deferred, steps, rd, run, prio, cool>>
+    /\ UNCHANGED <<st, kv, dst, held, queue, need, free, deferred, steps, rd, run, prio, cool,
+                   sto, clob>>
 
-(* The oldest step's workers: start_load_kv posts its READs, the forward   *)
-(* is enqueued (it writes tbl's blocks until the step's output is back).   *)
+(* The oldest step's workers: handle_preemptions waits for the flushed     *)
+(* store jobs (fl), then start_load_kv posts its READs and the forward is  *)
+(* enqueued (it writes tbl's blocks until the step's output is back).  A   *)
+(* write into a block another request's pending store reads is `clob`.     *)
 StepToRun == CHOOSE i \in 1 .. Len(steps) : ~steps[i].ran /\ \A j \in 1 .. (i - 1) : steps[j].ran
 execute ==
     /\ \E i \in 1 .. Len(steps) : ~steps[i].ran
     /\ LET i == StepToRun
+           sto2 == [q \in Reqs |-> IF q \in steps[i].fl THEN {} ELSE sto[q]]
+           writes(r) == (IF r \in steps[i].recv /\ st[r] = "wfrk" THEN dst[r] ELSE {})
+                        \cup (IF r \in steps[i].batch THEN steps[i].tbl[r] ELSE {})
        IN /\ steps' = [steps EXCEPT ![i].ran = TRUE]
           /\ rd' = [r \in Reqs |-> IF r \in steps[i].recv /\ st[r] = "wfrk"
                                    THEN "posted" ELSE rd[r]]
+          /\ sto' = sto2
+          /\ clob' = (clob \/ (Offload # "none"
+                               /\ \E q, r \in Reqs : q # r /\ writes(r) \cap sto2[q] # {}))
     /\ UNCHANGED <<st, kv, dst, held, want, queue, need, free, deferred, run, prio, cool>>
 
 (* The READ lands in r's blocks.                                           *)
 read_done(r) ==
     /\ rd[r] = "posted"
     /\ rd' = [rd EXCEPT ![r] = "landed"]
-    /\ UNCHANGED <<st, kv, dst, held, want, queue, need, free, deferred, steps, run, prio, cool>>
+    /\ UNCHANGED <<st, kv, dst, held, want, queue, need, free, deferred, steps, run, prio, cool,
+                   sto, clob>>
+
+(* A pending store job of r completes (the worker's completed_jobs,        *)
+(* update_connector_output, O:1956-1988); its blocks are no longer read.   *)
+store_done(r) ==
+    /\ sto[r] # {}
+    /\ sto' = [sto EXCEPT ![r] = {}]
+    /\ UNCHANGED <<st, kv, dst, held, want, queue, need, free, deferred, steps, rd, run, prio,
+                   cool, clob>>
 
 (* update_from_output of the oldest step: processed_step_seq moves and the *)
 (* deferred frees it fences drain (a step with tokens only); landed READs  *)
 (* are seen (finished_recving); requests of its batch may finish (Stop),   *)
-(* their blocks freed through _free_request_blocks.                        *)
+(* their blocks freed through _free_request_blocks; with an offload child *)
+(* a store job still reads them (sto).                                     *)
 update ==
     /\ Len(steps) > 0 /\ steps[1].ran
     /\ \E fin \in SUBSET {r \in steps[1].batch : st[r] = "running"} :
@@ -312,26 +376,28 @@ update ==
               /\ deferred' = rest \cup {<<Cardinality(Tokens(2)), b>> :
                                          b \in UNION {held[r] : r \in fin \ now}}
         /\ held' = [r \in Reqs |-> IF r \in fin THEN {} ELSE held[r]]
+        /\ sto' = [r \in Reqs |-> IF r \in fin /\ Offload # "none" THEN held[r] ELSE sto[r]]
         /\ dst' = [r \in Reqs |-> IF r \in fin THEN {} ELSE dst[r]]
         /\ st' = [r \in Reqs |-> IF r \in fin THEN "done" ELSE st[r]]
         /\ want' = want \ fin
         /\ run' = SelectSeq(run, LAMBDA x : x \notin fin)
     /\ rd' = [r \in Reqs |-> IF rd[r] = "landed" THEN "seen" ELSE rd[r]]
     /\ steps' = Tail(steps)
-    /\ UNCHANGED <<kv, queue, need, prio, cool>>
+    /\ UNCHANGED <<kv, queue, need, prio, cool, clob>>
 
-\* The engine steps while it has requests or steps in flight.
-Busy == (\E r \in Reqs : st[r] # "done") \/ steps # <<>>
+\* The engine steps while it has requests or steps in flight, or store jobs (the offload
+\* child's has_pending_push_work, O:1902-1908).
+Busy == (\E r \in Reqs : st[r] # "done") \/ steps # <<>> \/ \E r \in Reqs : sto[r] # {}
 Done == ~Busy /\ UNCHANGED vars
 
 Next ==
     \/ schedule \/ execute \/ update
-    \/ \E r \in Reqs : grow(r) \/ read_done(r)
+    \/ \E r \in Reqs : grow(r) \/ read_done(r) \/ store_done(r)
     \/ Done
 
 Spec == Init /\ [][Next]_vars
         /\ WF_vars(schedule) /\ WF_vars(execute) /\ WF_vars(update)
-        /\ WF_vars(\E r \in Reqs : read_done(r))
+        /\ WF_vars(\E r \in Reqs : read_done(r)) /\ WF_vars(\E r \in Reqs : store_done(r))
 
 -----------------------------------------------------------------------------
 (* #45357: a step in flight writes a block that a READ fills for another   *)
@@ -349,4 +415,15 @@ DeferredReturn == \A b \in Blocks : (\E e \in deferred : e[2] = b) ~> (b \in fre
 \* remote one; a preemption happens.
 ReachReuseByRead == ~(\E q \in Remote : rd[q] = "landed" /\ \E r \in Local : st[r] = "done")
 ReachPreempt == \A r \in Local : st[r] # "waiting"
+
+(* #46951 on D: a READ or a forward of this engine writes a block while a  *)
+(* store job of the request that held it still reads it: the offload tier  *)
+(* keeps the new KV under the finished request's keys, and a later hit     *)
+(* loads it.  (A forward is ordered on the stream, but the store's copy   *)
+(* runs on its own, so only the flush orders the two.)                     *)
+NoStoreOfReusedBlock == ~clob
+
+\* Vacuity guards: a block a pending store reads is held by another request; a flush.
+ReachStoreReuse == ~\E q, r \in Reqs : q # r /\ sto[q] \cap held[r] # {}
+ReachFlush == \A i \in 1 .. Len(steps) : steps[i].fl = {}
 =============================================================================

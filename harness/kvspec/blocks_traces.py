@@ -39,10 +39,25 @@ def self_preempt_of(version: str) -> str:
     return "stop" if before(version, (0, 33)) else "continue"
 
 
+def offload_fence_of(version: str) -> str:
+    """DecodeBlocks' Offload of a vLLM release with D's MultiConnector(NIXL, Offloading):
+    0.32's child returns from update_state_after_alloc at 0 external tokens before it
+    records the allocation (offloading/scheduler.py:1149-1150, #46951); 0.33.0 records it
+    first (1354-1359). `kvspec blocks --offload-probe` reads it off the real class."""
+    from kvspec.versions import before
+
+    return "fence-scheduled" if before(version, (0, 33)) else "fence-all"
+
+
 def why_not_driven(row: SweepRow, version: str | None = None) -> str | None:
     """Why the installed vLLM (or `version`; 0.29+: deferred frees) cannot be driven as
     this row."""
     c = row.consts
+    if c["Offload"] != "none":
+        # The real child stores full blocks only, and a driven request never fills one (its
+        # prompt keeps it inside its block until the trace's grow); the race step itself is
+        # driven on the real child by `kvspec blocks --offload-probe` (drivers.offload_fence).
+        return "the offload child is driven by --offload-probe, not by trace replay"
     if int(c["Batches"]) > 2 and int(c["Stagger"]) != 2:
         return "three batches without the decode stagger (XPU without PP microbatching)"
     if c["Design"] == "at-once" and int(c["Batches"]) > 1:
@@ -80,6 +95,10 @@ def step_of(a: dict[str, Any], b: dict[str, Any], action: str) -> tuple[str, tup
         return action, (r,)
     if action == "grow":
         r = next(iter(frozenset(b["want"]) - frozenset(a["want"])))
+        return action, (r,)
+    if action == "store_done":  # rows with an offload child are not replayed (why_not_driven)
+        r = next(i for i, (x, y) in enumerate(zip(_seq(a["sto"]), _seq(b["sto"]), strict=True), 1)
+                 if x != y)  # fmt: skip
         return action, (r,)
     if action == "update":
         fin = frozenset(i for i, (x, y) in enumerate(zip(_seq(a["st"]), _seq(b["st"]),

@@ -95,6 +95,7 @@ def release_rows(path: Path) -> list[dict[str, str]] | None:
             "diverges": "; ".join(diverges) or "-",
             "decode": str(r.get("decode", "not run")),
             "blocks": str(r.get("blocks", "not run")),
+            "offload": str(r.get("offload", "not run")),
         })  # fmt: skip
     return rows
 

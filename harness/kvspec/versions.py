@@ -51,12 +51,15 @@ class ReleaseResult:
     # The decode scheduler's blocks (`kvspec blocks --conform --tier full`, DecodeBlocks.tla
     # rows the release drives): "conforms (N traces)", the first divergence, or why none
     blocks: str = "not run"
+    # D's offload child (`kvspec blocks --offload-probe`, DecodeBlocks Offload, #46951):
+    # the fence the real child implements, and whether the matrix gives the release that one
+    offload: str = "not run"
 
     def to_json(self) -> dict[str, object]:
         return {"release": self.release, "rc": self.rc, "summary": self.summary,
                 "variants": self.variants, "error": self.error, "decode": self.decode,
                 "decode_rows": self.decode_rows, "scenarios": self.scenarios,
-                "blocks": self.blocks}  # fmt: skip
+                "blocks": self.blocks, "offload": self.offload}  # fmt: skip
 
 
 def layered_venv(release: str, root: Path, timeout_s: float = 1800) -> Path:
@@ -128,7 +131,8 @@ def failures(row: ReleaseResult) -> list[str]:
     """The sides of one release whose run broke (install, or a command exiting without its
     JSON other than by refusing): a harness or environment fault, never a design verdict."""
     sides = {"producer side": row.error, "decode side": row.decode,
-             "decode blocks": row.blocks, **row.scenarios}  # fmt: skip
+             "decode blocks": row.blocks, "offload fence": row.offload,
+             **row.scenarios}  # fmt: skip
     return [f"{k}: {v}" for k, v in sides.items() if v.startswith(FAILED)]
 
 
@@ -162,6 +166,25 @@ def blocks_side(py: Path, out: Path, timeout_s: float = 1800) -> str:
     if run.data is None:
         return no_verdict(run)
     return blocks_verdict(list(run.data))
+
+
+def offload_side(py: Path, out: Path, timeout_s: float = 600) -> str:
+    """`kvspec blocks --offload-probe` in the release's venv: the fence its real offload
+    child implements on D ("fence-scheduled": #46951 live; "fence-all"), and whether that is
+    the matrix's design for the release."""
+    run = run_cli(py, out, "offload-probe", ["blocks", "--offload-probe"], timeout_s)
+    if run.data is None:
+        return no_verdict(run)
+    return offload_verdict(dict(run.data))
+
+
+def offload_verdict(doc: dict[str, Any]) -> str:
+    """One line from `kvspec blocks --offload-probe --json`'s document."""
+    if doc.get("design") is None:
+        return f"inconclusive: {doc.get('undecided')}"
+    if doc["design"] != doc.get("expected"):
+        return f"differs: the real child is {doc['design']}, the matrix says {doc.get('expected')}"
+    return f"{doc['design']} (as the matrix says)"
 
 
 def blocks_verdict(rows: list[dict[str, Any]]) -> str:
@@ -202,6 +225,7 @@ def print_table(rows: list[ReleaseResult]) -> None:
                   f"{d.get('diverging', 0)!s:>9}  {what} {where}")  # fmt: skip
         print(f"{r.release:18} {'decode side':16} {r.decode}")
         print(f"{r.release:18} {'decode blocks':16} {r.blocks}")
+        print(f"{r.release:18} {'offload fence':16} {r.offload}")
         for name, verdict in r.scenarios.items():
             print(f"{r.release:18} {name:16} {verdict}")
 
@@ -238,6 +262,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"decode side: {rows[-1].decode}", flush=True)
             rows[-1].blocks = blocks_side(py, out)
             print(f"decode blocks: {rows[-1].blocks}", flush=True)
+            rows[-1].offload = offload_side(py, out)
+            print(f"offload fence: {rows[-1].offload}", flush=True)
         if args.scenario:
             rows[-1].scenarios = scenarios(py, out, args.scenario)
             for name, verdict in rows[-1].scenarios.items():

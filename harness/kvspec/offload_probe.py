@@ -1,0 +1,68 @@
+"""`kvspec blocks --offload-probe [--json F]`: which DecodeBlocks `Offload` design the
+installed vLLM's OffloadingConnector implements on a decode engine (vLLM #46951), read off
+the real classes by driving the race step of the spec's counterexample
+(drivers.offload_fence) with one batch in flight and with two (vLLM's default async
+scheduling), and whether that is the design the matrix gives this release
+(blocks_traces.offload_fence_of). Exit 0 when they agree, 1 when they differ or the probe
+could not decide (never a design then), 2 when no vLLM is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+
+def run_offload_probe(args: argparse.Namespace) -> int:
+    from kvspec.blocks_traces import offload_fence_of
+    from kvspec.conform import installed_vllm
+
+    console = Console(highlight=False)
+    version = installed_vllm()
+    if version == "not installed":
+        print("error: no vLLM installed here; run `make venv-vllm` first", file=sys.stderr)
+        return 2
+    from kvspec.drivers.offload_fence import probe
+    from kvspec.drivers.vllm_env import DriverUnavailable
+    from kvspec.drivers.vllm_logging import vllm_logs
+
+    want = offload_fence_of(version)
+    doc: dict[str, object] = {"vllm": version, "expected": want}
+    seen: dict[str, object] = {}
+    designs: set[str | None] = set()
+    with vllm_logs("offload-probe") as log:
+        for batches in (1, 2):  # a synchronous engine, and vLLM's default async scheduling
+            try:
+                got = probe(batches=batches)
+            except DriverUnavailable as exc:
+                seen[str(batches)] = {"design": None, "undecided": str(exc)}
+                designs.add(None)
+                console.print(f"vLLM {version}, {batches} batch(es): undecided: {exc}")
+                continue
+            seen[str(batches)] = {"design": got.design, "flushed": got.flushed,
+                                  "store_blocks": sorted(got.store_blocks),
+                                  "load_blocks": sorted(got.load_blocks)}  # fmt: skip
+            designs.add(got.design)
+            console.print(got.line(version, batches))
+    design = next(iter(designs)) if len(designs) == 1 else None
+    doc |= {"design": design, "batches": seen}
+    if design is None:
+        why = [str(d.get("undecided")) for d in seen.values() if isinstance(d, dict)
+               and d.get("undecided")] or [  # fmt: skip
+            "the depths disagree: " + ", ".join(
+                f"{k} batch(es) {d['design']}" for k, d in seen.items() if isinstance(d, dict))]
+        doc["undecided"] = "; ".join(why)
+    else:
+        verdict = "as the matrix says" if design == want else f"the matrix says {want!r}"
+        console.print(f"  {verdict}")
+    if log is not None:
+        console.print(f"  vLLM's log: {log}")
+    out: Path | None = args.json
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return 0 if design == want else 1

@@ -1,0 +1,107 @@
+"""DecodeBlocks' offload child (spec/DecodeBlocks.tla `Offload`; vLLM #46951): the kept
+counterexample of 0.32's design is exactly the race step drivers.offload_fence drives; on
+the real classes the installed 0.32 child does not flush the pending store before the READ
+(the bug, live in 0.32), and with 0.33's fix applied in memory it does (the negative
+control, which the probe must tell apart); `kvspec blocks --offload-probe` says so, exits 1
+when the matrix's design for the release differs, and never turns an undecided probe into
+a design."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kvspec import blocks_traces
+from kvspec.blocks import BLOCKS
+from kvspec.blocks_traces import REGRESSIONS, offload_fence_of, why_not_driven
+from kvspec.cli import main
+from kvspec.sweep import load_sweep_matrix
+
+ROWS = {r.name: r for r in load_sweep_matrix(BLOCKS)}
+KEPT = REGRESSIONS / "sync-offload-0.32-stop-NoStoreOfReusedBlock.itf.json"
+
+
+def _set(v: Any) -> set[int]:
+    return set(v["#set"])
+
+
+def test_the_kept_counterexample_is_the_race_the_probe_drives() -> None:
+    states = json.loads(KEPT.read_text())["states"]
+    assert [s["#meta"]["action"] for s in states[1:]] == [
+        "schedule", "execute", "update", "schedule", "execute"]  # fmt: skip
+    done, admitted, race = states[3], states[4], states[5]
+    assert done["st"][0] == "done" and _set(done["sto"][0])  # 1 stopped, its store pending
+    step = admitted["steps"][-1]
+    assert admitted["st"][1] == "wfrk" and _set(step["recv"]) == {2}
+    assert _set(admitted["dst"][1]) & _set(admitted["sto"][0])  # 2's READ fills 1's block
+    assert _set(step["fl"]) == set()  # 0.32's child did not see that allocation
+    assert race["clob"] is True and admitted["clob"] is False  # the READ is posted: clobbered
+
+
+def test_the_matrix_gives_each_release_its_fence() -> None:
+    assert offload_fence_of("0.32.0") == "fence-scheduled"
+    assert offload_fence_of("0.33.0") == offload_fence_of("0.34.0") == "fence-all"
+    offload = {n: r for n, r in ROWS.items() if r.consts["Offload"] != "none"}
+    assert offload
+    for name, row in offload.items():
+        release = "0.32.0" if "-0.32-" in name else "0.33.0"
+        assert row.consts["Offload"] == offload_fence_of(release), name
+        violated = row.expect.get("NoStoreOfReusedBlock") == "violated"
+        # the bug needs a READ into the freed block: a remote request
+        assert violated == (row.consts["Offload"] == "fence-scheduled"
+                            and row.requests > int(row.consts["NLocal"])), name  # fmt: skip
+        assert "--offload-probe" in str(why_not_driven(row))
+
+
+@pytest.mark.vllm
+def test_the_real_032_child_does_not_flush_and_the_fix_does() -> None:
+    from kvspec.conform import installed_vllm
+    from kvspec.drivers.offload_fence import probe
+
+    for batches in (1, 2):  # synchronous, and vLLM's default async scheduling
+        got = probe(batches=batches)
+        assert got.store_blocks & got.load_blocks  # the READ's block is the pending store's
+        assert got.design == offload_fence_of(installed_vllm())
+        fixed = probe(fixed=True, batches=batches)  # 0.33's fix in memory: seen by the probe
+        assert fixed.flushed and fixed.design == "fence-all"
+        assert got.flushed == (got.design == "fence-all")
+
+
+@pytest.mark.vllm
+def test_the_cli_says_which_design_and_exits_1_when_the_matrix_differs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "probe.json"
+    assert main(["blocks", "--offload-probe", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["design"] == doc["expected"] and "as the matrix says" in capsys.readouterr().out
+    assert set(doc["batches"]) == {"1", "2"}
+    other = "fence-all" if doc["design"] == "fence-scheduled" else "fence-scheduled"
+    monkeypatch.setattr(blocks_traces, "offload_fence_of", lambda version: other)
+    assert main(["blocks", "--offload-probe"]) == 1
+    assert f"the matrix says {other!r}" in capsys.readouterr().out
+
+
+def test_an_undecided_probe_is_no_design(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("vllm")
+    from kvspec import conform
+    from kvspec.drivers import offload_fence
+    from kvspec.drivers.vllm_env import DriverUnavailable
+
+    def undecided(batches: int = 1, **_: Any) -> Any:
+        if batches == 1:  # one depth decides, the other cannot: still no design
+            return offload_fence.FenceProbe("fence-scheduled", frozenset({1}), frozenset({1}),
+                                            False)  # fmt: skip
+        raise DriverUnavailable("undecided: request 2 got another block")
+
+    monkeypatch.setattr(conform, "installed_vllm", lambda: "0.32.0")
+    monkeypatch.setattr(offload_fence, "probe", undecided)
+    out = tmp_path / "probe.json"
+    assert main(["blocks", "--offload-probe", "--json", str(out)]) == 1
+    doc = json.loads(out.read_text())
+    assert doc["design"] is None and "another block" in doc["undecided"]
+    assert "undecided" in capsys.readouterr().out
