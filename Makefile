@@ -94,6 +94,7 @@ review: venv-vllm
 	$(VENV)/bin/kvspec blocks --tier full --json build/blocks.json
 	$(VENV)/bin/kvspec blocks --conform --tier full --json build/blocks-conform.json
 	$(VENV)/bin/kvspec blocks --conform --tier full --prefix-caching --json build/blocks-conform-cached.json
+	$(VENV)/bin/kvspec blocks --offload-probe --json build/offload-probe.json
 	$(VENV)/bin/python bench/validate.py --json build/recorded.json
 	$(VENV)/bin/kvspec review --out report/
 
@@ -105,7 +106,8 @@ e2e: venv-vllm
 	$(VENV)/bin/python bench/e2e.py --json build/e2e.json
 
 # Which design each vLLM release implements (issue #15): one venv per release layered over
-# .venv, `kvspec conform`, `kvspec decode --conform` and `kvspec blocks --conform` in each;
+# .venv, `kvspec conform`, `kvspec decode --conform`, `kvspec blocks --conform` and
+# `kvspec blocks --offload-probe` (D's offload fence, #46951) in each;
 # table on the terminal, build/versions.json for the report.
 versions: venv-vllm
 	$(VENV)/bin/kvspec versions --json build/versions.json
