@@ -1,10 +1,11 @@
 """`kvspec blocks --offload-probe [--json F]`: which DecodeBlocks `Offload` design the
 installed vLLM's OffloadingConnector implements on a decode engine (vLLM #46951), read off
 the real classes by driving the race step of the spec's counterexample
-(drivers.offload_fence) with one batch in flight and with two (vLLM's default async
-scheduling), and whether that is the design the matrix gives this release
-(blocks_traces.offload_fence_of). Exit 0 when they agree, 1 when they differ or the probe
-could not decide (never a design then), 2 when no vLLM is installed.
+(drivers.offload_fence) in two engines: synchronous with prefix caching off (the kept
+counterexample's row) and vLLM's defaults (async scheduling, prefix caching on); and
+whether that is the design the matrix gives this release (blocks_traces.offload_fence_of).
+Exit 0 when they agree, 1 when they differ or the probe could not decide (never a design
+then), 2 when no vLLM is installed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+
+# (name, batches in flight, prefix caching): the kept counterexample's engine, and the one
+# vLLM runs by default (async scheduling: AsyncScheduler, two batches; prefix caching on)
+ENGINES = (("sync", 1, False), ("async+prefix-caching", 2, True))
 
 
 def run_offload_probe(args: argparse.Namespace) -> int:
@@ -35,26 +40,26 @@ def run_offload_probe(args: argparse.Namespace) -> int:
     seen: dict[str, object] = {}
     designs: set[str | None] = set()
     with vllm_logs("offload-probe") as log:
-        for batches in (1, 2):  # a synchronous engine, and vLLM's default async scheduling
+        for name, batches, caching in ENGINES:
             try:
-                got = probe(batches=batches)
+                got = probe(batches=batches, prefix_caching=caching)
             except DriverUnavailable as exc:
-                seen[str(batches)] = {"design": None, "undecided": str(exc)}
+                seen[name] = {"design": None, "undecided": str(exc)}
                 designs.add(None)
-                console.print(f"vLLM {version}, {batches} batch(es): undecided: {exc}")
+                console.print(f"vLLM {version}, {name}: undecided: {exc}")
                 continue
-            seen[str(batches)] = {"design": got.design, "flushed": got.flushed,
-                                  "store_blocks": sorted(got.store_blocks),
-                                  "load_blocks": sorted(got.load_blocks)}  # fmt: skip
+            seen[name] = {"design": got.design, "flushed": got.flushed,
+                          "store_blocks": sorted(got.store_blocks),
+                          "load_blocks": sorted(got.load_blocks)}  # fmt: skip
             designs.add(got.design)
-            console.print(got.line(version, batches))
+            console.print(got.line(version, name))
     design = next(iter(designs)) if len(designs) == 1 else None
-    doc |= {"design": design, "batches": seen}
+    doc |= {"design": design, "engines": seen}
     if design is None:
         why = [str(d.get("undecided")) for d in seen.values() if isinstance(d, dict)
                and d.get("undecided")] or [  # fmt: skip
-            "the depths disagree: " + ", ".join(
-                f"{k} batch(es) {d['design']}" for k, d in seen.items() if isinstance(d, dict))]
+            "the engines disagree: " + ", ".join(
+                f"{k}: {d['design']}" for k, d in seen.items() if isinstance(d, dict))]
         doc["undecided"] = "; ".join(why)
     else:
         verdict = "as the matrix says" if design == want else f"the matrix says {want!r}"

@@ -160,3 +160,20 @@ def test_an_unreadable_index_costs_the_report_only_its_section(tmp_path: Path) -
     bad.write_text("[[bug]\n")
     got = bugs_context({}, bad)
     assert got["rows"] is None and "fix the TOML syntax" in str(got["error"])
+
+
+def test_the_readme_counts_are_the_index_counts() -> None:
+    """README's status table ("| caught | 16 | ...") says what the index says: a bug moved
+    between statuses (as #46951 was, to caught) must move there too. Negative control: a
+    doctored count is told apart."""
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    table = {m[1]: int(m[2]) for m in re.finditer(r"^\| (caught|analogue|expressed|not modelled)"
+                                                    r"[^|]*\| (\d+) \|", readme, re.M)}  # fmt: skip
+    table = {k.replace("not modelled", "not-modelled"): v for k, v in table.items()}
+    bugs = load_index()
+    counts = {s: sum(b.status == s for b in bugs) for s in table}
+    assert set(table) == {"caught", "analogue", "expressed", "not-modelled"}
+    assert table == counts
+    assert {**table, "caught": table["caught"] + 1} != counts

@@ -60,11 +60,11 @@ def test_the_real_032_child_does_not_flush_and_the_fix_does() -> None:
     from kvspec.conform import installed_vllm
     from kvspec.drivers.offload_fence import probe
 
-    for batches in (1, 2):  # synchronous, and vLLM's default async scheduling
-        got = probe(batches=batches)
+    for batches, caching in ((1, False), (2, True)):  # sync; vLLM's defaults
+        got = probe(batches=batches, prefix_caching=caching)
         assert got.store_blocks & got.load_blocks  # the READ's block is the pending store's
         assert got.design == offload_fence_of(installed_vllm())
-        fixed = probe(fixed=True, batches=batches)  # 0.33's fix in memory: seen by the probe
+        fixed = probe(fixed=True, batches=batches, prefix_caching=caching)  # 0.33's fix
         assert fixed.flushed and fixed.design == "fence-all"
         assert got.flushed == (got.design == "fence-all")
 
@@ -77,7 +77,7 @@ def test_the_cli_says_which_design_and_exits_1_when_the_matrix_differs(
     assert main(["blocks", "--offload-probe", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["design"] == doc["expected"] and "as the matrix says" in capsys.readouterr().out
-    assert set(doc["batches"]) == {"1", "2"}
+    assert set(doc["engines"]) == {"sync", "async+prefix-caching"}
     other = "fence-all" if doc["design"] == "fence-scheduled" else "fence-scheduled"
     monkeypatch.setattr(blocks_traces, "offload_fence_of", lambda version: other)
     assert main(["blocks", "--offload-probe"]) == 1
@@ -93,7 +93,7 @@ def test_an_undecided_probe_is_no_design(
     from kvspec.drivers.vllm_env import DriverUnavailable
 
     def undecided(batches: int = 1, **_: Any) -> Any:
-        if batches == 1:  # one depth decides, the other cannot: still no design
+        if batches == 1:  # one engine decides, the other cannot: still no design
             return offload_fence.FenceProbe("fence-scheduled", frozenset({1}), frozenset({1}),
                                             False)  # fmt: skip
         raise DriverUnavailable("undecided: request 2 got another block")

