@@ -56,6 +56,17 @@ def rid(r: int) -> str:
     return f"dreq-{r}"
 
 
+def remote_prefill_params(engine: str, r: int) -> dict[str, Any]:
+    """A decode request's kv_transfer_params from a producer `engine` that is never
+    reached: NIXL's scheduler side plans the READ from them; no worker posts it."""
+    return {
+        "do_remote_prefill": True, "do_remote_decode": False,
+        "remote_block_ids": [1], "remote_engine_id": engine,
+        "remote_request_id": f"p-{r}", "remote_host": "127.0.0.1",
+        "remote_port": 1, "tp_size": 1,
+    }  # fmt: skip
+
+
 @contextlib.contextmanager
 def v2_pp(cfg: Any, on: bool) -> Iterator[None]:
     """Three batches in flight are the V2 model runner at PP 2 with async scheduling
@@ -162,12 +173,7 @@ class BlocksDriver:
             priority=self.priorities.get(r, 0), block_hasher=self.hasher,
         )  # fmt: skip
         if remote:
-            rq.kv_transfer_params = {
-                "do_remote_prefill": True, "do_remote_decode": False,
-                "remote_block_ids": [1], "remote_engine_id": "kvspec-blocks-p",
-                "remote_request_id": f"p-{r}", "remote_host": "127.0.0.1",
-                "remote_port": 1, "tp_size": 1,
-            }  # fmt: skip
+            rq.kv_transfer_params = remote_prefill_params("kvspec-blocks-p", r)
         return rq
 
     def _start(self) -> None:

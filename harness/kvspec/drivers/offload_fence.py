@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from kvspec.drivers.blocks_driver import remote_prefill_params
 from kvspec.drivers.vllm_caches import kv_cache_config
 from kvspec.drivers.vllm_env import (
     BLOCK_SIZE,
@@ -98,12 +99,7 @@ def _request(api: Any, hasher: Any, r: int, remote: bool) -> Any:
         block_hasher=hasher,
     )  # fmt: skip
     if remote:
-        rq.kv_transfer_params = {
-            "do_remote_prefill": True, "do_remote_decode": False,
-            "remote_block_ids": [1], "remote_engine_id": "kvspec-fence-p",
-            "remote_request_id": f"p-{r}", "remote_host": "127.0.0.1",
-            "remote_port": 1, "tp_size": 1,
-        }  # fmt: skip
+        rq.kv_transfer_params = remote_prefill_params("kvspec-fence-p", r)
     return rq
 
 
