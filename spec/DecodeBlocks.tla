@@ -49,7 +49,10 @@
 (*    NIXL async load are not seen ("fence-scheduled").  0.33.0 and 0.34.0 *)
 (*    record them first ("fence-all": 0.33 O:1354-1359, 0.34 O:1507-1512). *)
 (* Abstraction: one store job per request that ran, over all its blocks,   *)
-(* pending from its finish until it completes (store_done) or a flush.     *)
+(* pending from its finish until it completes (store_done) or a flush; it  *)
+(* is built at the first schedule after the finish (`built`): the final   *)
+(* chunk of a decoding request is stored only then (O:1639-1645: an active *)
+(* decode frontier is no store boundary).                                  *)
 (* Abstractions: one block per request, plus one more when a running one   *)
 (* crosses a block boundary (Grow); the preemption happens inside the      *)
 (* schedule, in the running loop's order (run); FCFS's victim is the       *)
@@ -121,11 +124,12 @@ VARIABLES
     prio,      \* r: its priority (request.priority; lower runs first); any, fixed at Init
     cool,      \* r: schedules left before r may decode again (V2 runner + PP + async)
     sto,       \* r: the blocks r's pending store jobs read (the offload child; {}: none)
-    clob       \* a READ or a forward wrote a block a pending store of another request
+    clob,      \* a READ or a forward wrote a block a pending store of another request
                \* still reads (the offload tier then keeps the wrong KV under r's keys)
+    built      \* the finished requests whose store job was built (a schedule since)
 
 vars == <<st, kv, dst, held, want, queue, need, free, deferred, steps, rd, run, prio, cool,
-          sto, clob>>
+          sto, clob, built>>
 
 Step == [batch : SUBSET Reqs, tbl : [Reqs -> SUBSET Blocks], recv : SUBSET Reqs,
          fl : SUBSET Reqs, ran : BOOLEAN]
@@ -141,7 +145,7 @@ TypeOK ==
     /\ run \in Seq(Reqs)
     /\ prio \in [Reqs -> 1 .. Cardinality(Reqs)]
     /\ cool \in [Reqs -> 0 .. (Stagger - 1)]
-    /\ sto \in [Reqs -> SUBSET Blocks] /\ clob \in BOOLEAN
+    /\ sto \in [Reqs -> SUBSET Blocks] /\ clob \in BOOLEAN /\ built \subseteq Reqs
 
 \* Every block is free, deferred, or held by exactly one request.
 BlocksAccounted ==
@@ -181,6 +185,7 @@ Init ==
     /\ cool = [r \in Reqs |-> 0]
     /\ sto = [r \in Reqs |-> {}]
     /\ clob = FALSE
+    /\ built = {}
 
 ASSUME Cardinality(Local) <= NBlocks
 
@@ -314,6 +319,7 @@ schedule ==
                           fl |-> IF Offload = "none" THEN {}
                                  ELSE {q \in Reqs : sto[q] \cap seen # {}},
                           ran |-> FALSE])
+    /\ built' = built \cup {r \in Reqs : sto[r] # {}}
     /\ UNCHANGED <<deferred, rd, prio, sto, clob>>
 
 (* A running request's next token crosses a block boundary (once).         *)
@@ -322,7 +328,7 @@ grow(r) ==
     /\ st[r] = "running" /\ r \notin want /\ Cardinality(held[r]) = 1
     /\ want' = want \cup {r}
     /\ UNCHANGED <<st, kv, dst, held, queue, need, free, deferred, steps, rd, run, prio, cool,
-                   sto, clob>>
+                   sto, clob, built>>
 
 (* The oldest step's workers: handle_preemptions waits for the flushed     *)
 (* store jobs (fl), then start_load_kv posts its READs and the forward is  *)
@@ -341,22 +347,22 @@ execute ==
           /\ sto' = sto2
           /\ clob' = (clob \/ (Offload # "none"
                                /\ \E q, r \in Reqs : q # r /\ writes(r) \cap sto2[q] # {}))
-    /\ UNCHANGED <<st, kv, dst, held, want, queue, need, free, deferred, run, prio, cool>>
+    /\ UNCHANGED <<st, kv, dst, held, want, queue, need, free, deferred, run, prio, cool, built>>
 
 (* The READ lands in r's blocks.                                           *)
 read_done(r) ==
     /\ rd[r] = "posted"
     /\ rd' = [rd EXCEPT ![r] = "landed"]
     /\ UNCHANGED <<st, kv, dst, held, want, queue, need, free, deferred, steps, run, prio, cool,
-                   sto, clob>>
+                   sto, clob, built>>
 
 (* A pending store job of r completes (the worker's completed_jobs,        *)
 (* update_connector_output, O:1956-1988); its blocks are no longer read.   *)
 store_done(r) ==
-    /\ sto[r] # {}
+    /\ sto[r] # {} /\ r \in built
     /\ sto' = [sto EXCEPT ![r] = {}]
     /\ UNCHANGED <<st, kv, dst, held, want, queue, need, free, deferred, steps, rd, run, prio,
-                   cool, clob>>
+                   cool, clob, built>>
 
 (* update_from_output of the oldest step: processed_step_seq moves and the *)
 (* deferred frees it fences drain (a step with tokens only); landed READs  *)
@@ -383,7 +389,7 @@ update ==
         /\ run' = SelectSeq(run, LAMBDA x : x \notin fin)
     /\ rd' = [r \in Reqs |-> IF rd[r] = "landed" THEN "seen" ELSE rd[r]]
     /\ steps' = Tail(steps)
-    /\ UNCHANGED <<kv, queue, need, prio, cool, clob>>
+    /\ UNCHANGED <<kv, queue, need, prio, cool, clob, built>>
 
 \* The engine steps while it has requests or steps in flight, or store jobs (the offload
 \* child's has_pending_push_work, O:1902-1908).

@@ -54,10 +54,19 @@ def why_not_driven(row: SweepRow, version: str | None = None) -> str | None:
     this row."""
     c = row.consts
     if c["Offload"] != "none":
-        # The real child stores full blocks only, and a driven request never fills one (its
-        # prompt keeps it inside its block until the trace's grow); the race step itself is
-        # driven on the real child by `kvspec blocks --offload-probe` (drivers.offload_fence).
-        return "the offload child is driven by --offload-probe, not by trace replay"
+        # The real child stores full blocks only: a request's prompt fills its block at the
+        # step that finishes it (finish_plan), which more batches in flight or a grow would
+        # turn into a second block. Those rows' race step runs in --offload-probe.
+        if int(c["Batches"]) != 1 or c["Grow"]:
+            return ("the offload child is replayed at one batch without grow; "
+                    "--offload-probe drives this row's race step")  # fmt: skip
+        if version is None:
+            from kvspec.conform import installed_vllm
+
+            version = installed_vllm()
+        if c["Offload"] != offload_fence_of(version):
+            return (f"vLLM {version}'s offload child is {offload_fence_of(version)!r}, "
+                    f"the row's {c['Offload']!r}")  # fmt: skip
     if int(c["Batches"]) > 2 and int(c["Stagger"]) != 2:
         return "three batches without the decode stagger (XPU without PP microbatching)"
     if c["Design"] == "at-once" and int(c["Batches"]) > 1:
@@ -155,6 +164,29 @@ def prompt_plan(doc: dict[str, JSON], nlocal: int, nreq: int) -> dict[int, int]:
     return plan
 
 
+def finish_plan(doc: dict[str, JSON], nlocal: int, nreq: int) -> dict[int, int]:
+    """Offload rows (one batch, no grow): each request that the trace finishes gets the
+    prompt that fills its block exactly at the step whose output finishes it, so the real
+    child (which stores full blocks only, offloading/scheduler.py:1570-1844) has a store of
+    it, as the spec's child has; the others keep prompt_plan's. Positions as in
+    prompt_plan: the j-th schedule computes P + j (local), P - 1 + (j - 1) (remote); the
+    block is full when that is BLOCK_SIZE - 1."""
+    raw: Any = doc["states"]
+    states = [_decode(s) for s in raw]
+    plan = prompt_plan(doc, nlocal, nreq)
+    total, _ = _in_batch_counts(doc)
+    last = _seq(states[-1]["st"])
+    for r in range(1, nreq + 1):
+        if last[r - 1] != "done":
+            continue
+        j = total.get(r, 0)
+        p = BLOCK_SIZE - 1 - j if r <= nlocal else BLOCK_SIZE + 1 - j
+        if not 1 <= p <= BLOCK_SIZE:
+            raise DriverUnavailable(f"request {r}: no prompt fills its block at its finish")
+        plan[r] = p
+    return plan
+
+
 @dataclass(frozen=True)
 class BlocksReplay:
     steps: int
@@ -162,13 +194,11 @@ class BlocksReplay:
 
 
 def replay_blocks(doc: dict[str, JSON], driver: Any) -> BlocksReplay:
-    from kvspec.drivers.blocks_driver import project
-
     raw: Any = doc["states"]
     states = [_decode(s) for s in raw]
 
     def check(i: int) -> str | None:
-        got, want = driver.observe(), project(states[i])
+        got, want = driver.observe(), driver.spec_view(states[i])
         bad = sorted(k for k in want if got[k] != want[k])
         return None if not bad else f"step {i}: " + "; ".join(
             f"{k}: spec {want[k]!r}, vLLM {got[k]!r}" for k in bad)  # fmt: skip
@@ -203,9 +233,14 @@ MAX_TRACES = 2000
 
 
 def _vllm_blocks_driver(row: SweepRow, plan: Plan, prefix_caching: bool = False) -> Any:
-    """The real decode scheduler for a trace's plan; `prefix_caching`: vLLM's default, on."""
+    """The real decode scheduler for a trace's plan; `prefix_caching`: vLLM's default, on;
+    with the offload child on the rows that have one."""
     from kvspec.drivers.blocks_driver import BlocksDriver
 
+    if row.consts["Offload"] != "none":
+        from kvspec.drivers.blocks_offload import OffloadBlocksDriver
+
+        return OffloadBlocksDriver(row, prompts=plan.prompts, prefix_caching=prefix_caching)
     return BlocksDriver(
         row, prompts=plan.prompts, priorities=plan.priorities, prefix_caching=prefix_caching
     )
@@ -240,8 +275,9 @@ def hit_counting_driver(prefix_caching: bool, hits: list[int]) -> DriverFactory:
 
 def _plan(doc: dict[str, JSON], row: SweepRow) -> Plan:
     prio = _seq(_decode(doc["states"][0])["prio"])
+    plan = finish_plan if row.consts["Offload"] != "none" else prompt_plan
     return Plan(
-        prompt_plan(doc, int(row.consts["NLocal"]), row.requests),
+        plan(doc, int(row.consts["NLocal"]), row.requests),
         {r: int(p) for r, p in enumerate(prio, 1)},
     )
 

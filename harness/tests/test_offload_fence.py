@@ -9,6 +9,7 @@ a design."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,11 @@ from kvspec import blocks_traces
 from kvspec.blocks import BLOCKS
 from kvspec.blocks_traces import REGRESSIONS, offload_fence_of, why_not_driven
 from kvspec.cli import main
+from kvspec.lease_traces import TRACES
 from kvspec.sweep import load_sweep_matrix
 
 ROWS = {r.name: r for r in load_sweep_matrix(BLOCKS)}
+needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="java not installed")
 KEPT = REGRESSIONS / "sync-offload-0.32-stop-NoStoreOfReusedBlock.itf.json"
 
 
@@ -52,7 +55,13 @@ def test_the_matrix_gives_each_release_its_fence() -> None:
         # the bug needs a READ into the freed block: a remote request
         assert violated == (row.consts["Offload"] == "fence-scheduled"
                             and row.requests > int(row.consts["NLocal"])), name  # fmt: skip
-        assert "--offload-probe" in str(why_not_driven(row))
+        if int(row.consts["Batches"]) != 1 or row.consts["Grow"]:
+            assert "--offload-probe" in str(why_not_driven(row, "0.32.0"))
+        else:  # replayed where the row's fence is the release's
+            mine = "0.32.0" if "-0.32-" in name else "0.34.0"
+            other = "0.34.0" if mine == "0.32.0" else "0.32.0"
+            assert why_not_driven(row, mine) is None
+            assert "offload child is" in str(why_not_driven(row, other))
 
 
 @pytest.mark.vllm
@@ -105,3 +114,45 @@ def test_an_undecided_probe_is_no_design(
     doc = json.loads(out.read_text())
     assert doc["design"] is None and "another block" in doc["undecided"]
     assert "undecided" in capsys.readouterr().out
+
+
+def _offload_driver(fixed: bool) -> Any:
+    from kvspec.drivers.blocks_offload import OffloadBlocksDriver
+
+    return lambda row, plan: OffloadBlocksDriver(row, prompts=plan.prompts, fixed=fixed)
+
+
+@pytest.mark.vllm
+@needs_java
+def test_the_offload_rows_replay_on_the_real_child_and_the_fix_is_told_apart(
+    tmp_path: Path,
+) -> None:
+    """Every edge-covering trace of the one-batch rows on 0.32's real scheduler and
+    MultiConnector(NIXL, OffloadingConnector): 0.32's row conforms (the race replayed:
+    most traces end clobbered); with 0.33's fence applied in memory every one of them
+    diverges and the 0.33 row conforms instead; the shipped 0.32 child diverges from the
+    0.33 row (the negative controls)."""
+    from kvspec.blocks_traces import conform_row
+
+    row32, row33 = ROWS["sync-offload-0.32-stop"], ROWS["sync-offload-0.33-stop"]
+    res = conform_row(BLOCKS, row32, tmp_path, _offload_driver(False))
+    assert res.traces >= 10 and res.conforming == res.traces, res.divergences
+    docs = json.loads((tmp_path / row32.name / TRACES).read_text())
+    assert sum(d["states"][-1]["clob"] for d in docs) >= 5  # the race, replayed
+    fixed = conform_row(BLOCKS, row32, tmp_path / "fixed", _offload_driver(True))
+    assert len(fixed.divergences) == fixed.traces and "fl: spec" in fixed.divergences[0]
+    ok = conform_row(BLOCKS, row33, tmp_path / "ok", _offload_driver(True))
+    assert ok.traces >= 3 and ok.conforming == ok.traces, ok.divergences
+    shipped = conform_row(BLOCKS, row33, tmp_path / "shipped", _offload_driver(False))
+    assert shipped.divergences
+
+
+@pytest.mark.vllm
+def test_the_kept_counterexample_replays_to_the_race_on_032() -> None:
+    from kvspec.blocks_traces import replay_regression
+
+    got = replay_regression(KEPT, ROWS)
+    assert got.divergence is None and got.steps == 5
+    fixed = replay_regression(KEPT, ROWS, _offload_driver(True))
+    assert fixed.steps == 4 and "fl: spec (frozenset(),), vLLM (frozenset({1}),)" in str(
+        fixed.divergence)  # fmt: skip

@@ -114,6 +114,7 @@ class BlocksDriver:
     rd: dict[int, str] = field(default_factory=dict)
     dst: dict[int, frozenset[int]] = field(default_factory=dict)
     done: set[int] = field(default_factory=set)
+    composition = "nixl"  # D's connector (blocks_offload: NIXL + the offload child)
 
     def __post_init__(self) -> None:
         c = self.row.consts
@@ -127,7 +128,7 @@ class BlocksDriver:
             api,
             "kv_consumer",
             "kvspec-blocks-d",
-            "nixl",
+            self.composition,
             Topology(1, 1, 1),
             int(c["NBlocks"]) + 1,
             self.depth > 1,
@@ -139,6 +140,7 @@ class BlocksDriver:
         # max_concurrent_batches is 2 and a KV consumer defers frees, S:186-192).
         cfg.scheduler_config.async_scheduling = self.depth > 1
         cfg.scheduler_config.policy = str(c["Policy"])
+        self._tune(cfg)
         kc = kv_cache_config(api, cfg)
         # EngineCore hashes every request's blocks (a KV connector is configured).
         self.hasher = api.get_request_block_hasher(
@@ -255,7 +257,8 @@ class BlocksDriver:
         st = self.steps.popleft()
         landed = {r for r, s in self.rd.items() if s == "landed"}
         out = with_known_fields(
-            self.api.KVConnectorOutput, finished_recving={rid(r) for r in landed} or None
+            self.api.KVConnectorOutput, finished_recving={rid(r) for r in landed} or None,
+            kv_connector_worker_meta=self._worker_meta(),
         )
         self.d.update_from_output(st.so, runner_output(self.api, st.so, out))
         for r in landed:
@@ -263,6 +266,19 @@ class BlocksDriver:
         for r in sorted(fin):
             self.d.finish_requests(rid(r), self.api.RequestStatus.FINISHED_LENGTH_CAPPED)
             self.done.add(r)
+
+    def _tune(self, cfg: Any) -> None:
+        """Set what a subclass's connector needs in the config before the scheduler is
+        built (NIXL alone: nothing)."""
+
+    def spec_view(self, state: dict[str, Any]) -> dict[str, Value]:
+        """The spec state (decoded from ITF) as `observe` sees it."""
+        return project(state)
+
+    def _worker_meta(self) -> Any:
+        """The workers' kv_connector_worker_meta for the step being processed (NIXL alone
+        ships none)."""
+        return None
 
     def idle(self) -> None:
         """DecodeBlocks `Done`: nothing left to run; the engine does nothing."""
