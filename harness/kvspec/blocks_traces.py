@@ -105,7 +105,7 @@ def step_of(a: dict[str, Any], b: dict[str, Any], action: str) -> tuple[str, tup
     if action == "grow":
         r = next(iter(frozenset(b["want"]) - frozenset(a["want"])))
         return action, (r,)
-    if action == "store_done":  # rows with an offload child are not replayed (why_not_driven)
+    if action == "store_done":  # the offload child's rows (drivers.blocks_offload)
         r = next(i for i, (x, y) in enumerate(zip(_seq(a["sto"]), _seq(b["sto"]), strict=True), 1)
                  if x != y)  # fmt: skip
         return action, (r,)

@@ -244,9 +244,8 @@ class BlocksDriver:
             raise MissingAction(f"grow({r}): its next token fits its blocks ({upto} tokens)")
 
     def store_done(self, r: int) -> None:
-        """DecodeBlocks `store_done(r)`: the offload child's store job completes. This driver
-        runs NIXL alone (rows with an offload child are not replayed: why_not_driven; their
-        race step runs on the real child in drivers.offload_fence), so never."""
+        """DecodeBlocks `store_done(r)`: the offload child's store job completes. NIXL alone
+        has no child (rows with one run on blocks_offload.OffloadBlocksDriver), so never."""
         raise MissingAction(f"store_done({r}): this driver has no offload child")
 
     def update(self, fin: frozenset[int]) -> None:
