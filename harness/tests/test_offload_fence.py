@@ -156,3 +156,17 @@ def test_the_kept_counterexample_replays_to_the_race_on_032() -> None:
     fixed = replay_regression(KEPT, ROWS, _offload_driver(True))
     assert fixed.steps == 4 and "fl: spec (frozenset(),), vLLM (frozenset({1}),)" in str(
         fixed.divergence)  # fmt: skip
+
+
+@pytest.mark.vllm
+@needs_java
+def test_the_campaign_kills_the_offload_fence_mutant() -> None:
+    """A child that forgets the scheduled requests' blocks (the scheduled twin of #46951)
+    no longer flushes where 0.32 does, at a promotion: the one-batch 0.32 row's traces
+    catch it."""
+    from kvspec.mutants import run_mutant
+    from kvspec.mutations.catalogue import MUTANTS
+
+    out = run_mutant(MUTANTS["offload-scheduled-unseen"])
+    assert out.killed and out.trace is not None, out
+    assert out.trace.startswith("sync-offload-0.32-stop/"), out.trace

@@ -390,6 +390,15 @@ _ALL = [
         de.blocks_freed_at_once,
         family="blocks",
     ),
+    _m(
+        "offload-scheduled-unseen",
+        "D's offload child does not see the blocks a step's scheduled requests get: a "
+        "pending store on a reused block is not flushed (the scheduled twin of #46951)",
+        f"{OFFLOADING}.scheduler:OffloadingConnectorScheduler._update_req_states",
+        "#46951's sibling (offloading/scheduler.py:1281-1310)",
+        de.offload_scheduled_unseen,
+        family="blocks",
+    ),
 ]
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in _ALL}

@@ -174,3 +174,16 @@ def full_hit_parked(orig: Any) -> Any:
         return count, load_async
 
     return matched
+
+
+def offload_scheduled_unseen(orig: Any) -> Any:
+    # #46951's sibling: the offloading scheduler forgets the blocks the step's scheduled
+    # requests got (_update_req_states, offloading/scheduler.py:1281-1310), so a pending
+    # store on a reused block is not flushed then either; only update_state_after_alloc's
+    # blocks stay seen (none for a NIXL load in 0.32).
+    def update(self: Any, scheduler_output: Any) -> None:
+        before = set(self._current_batch_allocated_block_ids)
+        orig(self, scheduler_output)
+        self._current_batch_allocated_block_ids = before
+
+    return update
