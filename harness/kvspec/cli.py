@@ -197,6 +197,7 @@ def add_review_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--decode-json", type=Path, default=Path("build/decode.json"))
     p.add_argument("--clock-json", type=Path, default=Path("build/clock.json"))
     p.add_argument("--blocks-json", type=Path, default=Path("build/blocks.json"))
+    p.add_argument("--offload-json", type=Path, default=Path("build/offload-probe.json"))
     p.add_argument(
         "--versions-json",
         type=Path,

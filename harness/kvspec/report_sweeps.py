@@ -76,6 +76,20 @@ def _load(path: Path) -> list[Mapping[str, Any]] | None:  # a JSON list, else No
     return data if isinstance(data, list) else None
 
 
+def offload_line(path: Path) -> str | None:
+    """`kvspec blocks --offload-probe --json` (build/offload-probe.json) as one line: the
+    installed vLLM's offload fence on D and whether the matrix agrees; None when absent."""
+    from kvspec.versions import offload_verdict
+
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    return f"vLLM {doc.get('vllm', '?')}: {offload_verdict(doc)}"
+
+
 def release_rows(path: Path) -> list[dict[str, str]] | None:
     """`make versions` (build/versions.json) as release -> the designs it conforms to
     (producer side, `kvspec conform`), the first divergence elsewhere, the decode side's
@@ -125,11 +139,15 @@ def sweeps_context(
     clock_json: Path = Path("build/clock.json"),
     recorded_json: Path = Path("build/recorded.json"),
     blocks_json: Path = Path("build/blocks.json"),
+    offload_json: Path = Path("build/offload-probe.json"),
 ) -> dict[str, Any]:  # fmt: skip
-    """{lease, clock, decode, blocks, releases, recorded}: rows (None when that sweep's JSON is
-    missing) and, for decode, each violated invariant's counterexample as lanes."""
+    """{lease, clock, decode, blocks, releases, recorded, offload}: rows (None when that
+    sweep's JSON is missing) and, for decode, each violated invariant's counterexample as
+    lanes; offload: the installed vLLM's offload fence on D (`kvspec blocks
+    --offload-probe`, a line; None when it was not run)."""
     out: dict[str, Any] = {"releases": release_rows(versions_json),
-                           "recorded": recorded_rows(recorded_json)}  # fmt: skip
+                           "recorded": recorded_rows(recorded_json),
+                           "offload": offload_line(offload_json)}  # fmt: skip
     sweeps = (("lease", lease_json), ("clock", clock_json), ("decode", decode_json),
               ("blocks", blocks_json))  # fmt: skip
     for name, path in sweeps:

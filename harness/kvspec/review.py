@@ -134,7 +134,7 @@ def run_review(args: argparse.Namespace) -> int:
 
     sweeps = sweeps_context(
         args.lease_json, args.decode_json, args.decode_dir, args.versions_json, args.clock_json,
-        blocks_json=args.blocks_json,
+        blocks_json=args.blocks_json, offload_json=args.offload_json,
     )
     build_report(check, conform, traces, mutants, versions, args.out, sweeps)
     results = check.get("results") or []

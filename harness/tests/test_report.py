@@ -166,7 +166,8 @@ def full(tmp_path: Path) -> Path:
                             "blocks": "conforms: 4413 traces (async-defer-stop)",
                             "offload": "fence-scheduled (as the matrix says)"}],
               "recorded": [{"recording": "pd-basic", "side": "producer", "events": "27",
-                            "verdict": "admitted by v0.30-shipped"}]}  # fmt: skip
+                            "verdict": "admitted by v0.30-shipped"}],
+              "offload": "vLLM 0.32.0: fence-scheduled (as the matrix says)"}  # fmt: skip
     build_report(check_doc(), CONFORM, TRACES, MUTANTS, dict(VERSIONS), out, sweeps)
     return out
 

@@ -104,3 +104,29 @@ def test_recorded_runs_table(tmp_path: Path) -> None:
     none = sweeps_context(tmp_path / "l.json", tmp_path / "d.json", tmp_path / "d",
                           recorded_json=tmp_path / "missing.json")  # fmt: skip
     assert none["recorded"] is None
+
+
+def test_the_report_says_the_installed_vllm_s_offload_fence(tmp_path: Path) -> None:
+    """`make review` runs `kvspec blocks --offload-probe --json build/offload-probe.json`;
+    the report says its line (a release whose child is not the matrix's design says
+    "differs"), or "not run" without the file."""
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"vllm": "0.32.0", "expected": "fence-scheduled",
+                                 "design": "fence-scheduled"}))  # fmt: skip
+    sw = sweeps_context(tmp_path / "l.json", tmp_path / "d.json", tmp_path / "d",
+                        tmp_path / "v.json", offload_json=probe)  # fmt: skip
+    assert sw["offload"] == "vLLM 0.32.0: fence-scheduled (as the matrix says)"
+    build_report({"tlc": "x", "results": []}, None, None, None, {}, tmp_path / "r", sw)
+    assert "fence-scheduled (as the matrix says)" in (tmp_path / "r" / "REPORT.md").read_text()
+    assert 'id="offload-fence"' in (tmp_path / "r" / "index.html").read_text()
+    probe.write_text(json.dumps({"vllm": "0.33.0", "expected": "fence-scheduled",
+                                 "design": "fence-all"}))  # fmt: skip
+    sw = sweeps_context(tmp_path / "l.json", tmp_path / "d.json", tmp_path / "d",
+                        tmp_path / "v.json", offload_json=probe)  # fmt: skip
+    assert sw["offload"].startswith("vLLM 0.33.0: differs: the real child is fence-all")
+    sw = sweeps_context(tmp_path / "l.json", tmp_path / "d.json", tmp_path / "d",
+                        tmp_path / "v.json", offload_json=tmp_path / "none.json")  # fmt: skip
+    assert sw["offload"] is None
+    build_report({"tlc": "x", "results": []}, None, None, None, {}, tmp_path / "r2", sw)
+    md = (tmp_path / "r2" / "REPORT.md").read_text()
+    assert "D's offload fence on the installed vLLM" in md and "): not run" in md
