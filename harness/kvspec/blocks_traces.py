@@ -164,13 +164,25 @@ def prompt_plan(doc: dict[str, JSON], nlocal: int, nreq: int) -> dict[int, int]:
     return plan
 
 
-def finish_plan(doc: dict[str, JSON], nlocal: int, nreq: int) -> dict[int, int]:
+def prompt_only_stores(row: SweepRow) -> bool:
+    """Whether an offload row is replayed with the child's default, prompt-only stores
+    (`offload_prompt_only`, v1/kv_offload/base.py:620-621): when every request is P/D. A
+    local request's block can only be filled by decoding (the set-up's decode step needs
+    room in it), so rows with one turn the default off."""
+    return int(row.consts["NLocal"]) == 0
+
+
+def finish_plan(
+    doc: dict[str, JSON], nlocal: int, nreq: int, prompt_only: bool = False
+) -> dict[int, int]:
     """Offload rows (one batch, no grow): each request that the trace finishes gets the
     prompt that fills its block exactly at the step whose output finishes it, so the real
     child (which stores full blocks only, offloading/scheduler.py:1570-1844) has a store of
     it, as the spec's child has; the others keep prompt_plan's. Positions as in
     prompt_plan: the j-th schedule computes P + j (local), P - 1 + (j - 1) (remote); the
-    block is full when that is BLOCK_SIZE - 1."""
+    block is full when that is BLOCK_SIZE - 1. With `prompt_only` the block must be full
+    of prompt (a request finishing at its first schedule), else the trace is not
+    steerable."""
     raw: Any = doc["states"]
     states = [_decode(s) for s in raw]
     plan = prompt_plan(doc, nlocal, nreq)
@@ -183,6 +195,9 @@ def finish_plan(doc: dict[str, JSON], nlocal: int, nreq: int) -> dict[int, int]:
         p = BLOCK_SIZE - 1 - j if r <= nlocal else BLOCK_SIZE + 1 - j
         if not 1 <= p <= BLOCK_SIZE:
             raise DriverUnavailable(f"request {r}: no prompt fills its block at its finish")
+        if prompt_only and p != BLOCK_SIZE:
+            raise DriverUnavailable(f"request {r}: prompt-only stores, and decoding fills "
+                                    "its block")  # fmt: skip
         plan[r] = p
     return plan
 
@@ -275,9 +290,13 @@ def hit_counting_driver(prefix_caching: bool, hits: list[int]) -> DriverFactory:
 
 def _plan(doc: dict[str, JSON], row: SweepRow) -> Plan:
     prio = _seq(_decode(doc["states"][0])["prio"])
-    plan = finish_plan if row.consts["Offload"] != "none" else prompt_plan
+    nlocal = int(row.consts["NLocal"])
+    if row.consts["Offload"] != "none":
+        prompts = finish_plan(doc, nlocal, row.requests, prompt_only_stores(row))
+    else:
+        prompts = prompt_plan(doc, nlocal, row.requests)
     return Plan(
-        plan(doc, int(row.consts["NLocal"]), row.requests),
+        prompts,
         {r: int(p) for r, p in enumerate(prio, 1)},
     )
 
@@ -289,7 +308,15 @@ def conform_row(
     g = lease_graph(sweep, row, work / row.name)
     docs = edge_traces(g, row)
     (work / row.name / TRACES).write_text(json.dumps(docs) + "\n")
-    res = LeaseConformance(row.name, len(_edges(g)), len(docs))
+    return replay_row(row, docs, len(_edges(g)), make_driver)
+
+
+def replay_row(
+    row: SweepRow, docs: list[dict[str, JSON]], edges: int, make_driver: DriverFactory
+) -> LeaseConformance:
+    """conform_row's replay of a row's traces (`docs`, from `edges` edges) on a driver: one
+    TLC run can serve several drivers (a shipped and a patched vLLM)."""
+    res = LeaseConformance(row.name, edges, len(docs))
     step = max(1, -(-len(docs) // MAX_TRACES))
     for doc in docs[::step]:
         name = f"{row.name}/{doc['#meta']['trace']}"

@@ -18,7 +18,6 @@ from kvspec import blocks_traces
 from kvspec.blocks import BLOCKS
 from kvspec.blocks_traces import REGRESSIONS, offload_fence_of, why_not_driven
 from kvspec.cli import main
-from kvspec.lease_traces import TRACES
 from kvspec.sweep import load_sweep_matrix
 
 ROWS = {r.name: r for r in load_sweep_matrix(BLOCKS)}
@@ -73,9 +72,8 @@ def test_the_real_032_child_does_not_flush_and_the_fix_does() -> None:
         got = probe(batches=batches, prefix_caching=caching)
         assert got.store_blocks & got.load_blocks  # the READ's block is the pending store's
         assert got.design == offload_fence_of(installed_vllm())
-        fixed = probe(fixed=True, batches=batches, prefix_caching=caching)  # 0.33's fix
+        fixed = probe(fixed=True, batches=batches, prefix_caching=caching)  # fix-46951
         assert fixed.flushed and fixed.design == "fence-all"
-        assert got.flushed == (got.design == "fence-all")
 
 
 @pytest.mark.vllm
@@ -89,6 +87,11 @@ def test_the_cli_says_which_design_and_exits_1_when_the_matrix_differs(
     assert set(doc["engines"]) == {"sync", "async+prefix-caching"}
     other = "fence-all" if doc["design"] == "fence-scheduled" else "fence-scheduled"
     monkeypatch.setattr(blocks_traces, "offload_fence_of", lambda version: other)
+    # the same real outcome again, without building the engines a second time
+    from kvspec.drivers import offload_fence
+
+    seen = offload_fence.FenceProbe(frozenset({1}), frozenset({1}), doc["design"] == "fence-all")
+    monkeypatch.setattr(offload_fence, "probe", lambda **_: seen)
     assert main(["blocks", "--offload-probe"]) == 1
     assert f"the matrix says {other!r}" in capsys.readouterr().out
 
@@ -103,8 +106,7 @@ def test_an_undecided_probe_is_no_design(
 
     def undecided(batches: int = 1, **_: Any) -> Any:
         if batches == 1:  # one engine decides, the other cannot: still no design
-            return offload_fence.FenceProbe("fence-scheduled", frozenset({1}), frozenset({1}),
-                                            False)  # fmt: skip
+            return offload_fence.FenceProbe(frozenset({1}), frozenset({1}), False)
         raise DriverUnavailable("undecided: request 2 got another block")
 
     monkeypatch.setattr(conform, "installed_vllm", lambda: "0.32.0")
@@ -119,31 +121,41 @@ def test_an_undecided_probe_is_no_design(
 def _offload_driver(fixed: bool) -> Any:
     from kvspec.drivers.blocks_offload import OffloadBlocksDriver
 
-    return lambda row, plan: OffloadBlocksDriver(row, prompts=plan.prompts, fixed=fixed)
+    patch = "fix-46951" if fixed else None
+    return lambda row, plan: OffloadBlocksDriver(row, prompts=plan.prompts, impl_patch=patch)
 
 
 @pytest.mark.vllm
 @needs_java
+@pytest.mark.parametrize("layout", ["stop", "pd"])
 def test_the_offload_rows_replay_on_the_real_child_and_the_fix_is_told_apart(
-    tmp_path: Path,
+    tmp_path: Path, layout: str
 ) -> None:
     """Every edge-covering trace of the one-batch rows on 0.32's real scheduler and
-    MultiConnector(NIXL, OffloadingConnector): 0.32's row conforms (the race replayed:
-    most traces end clobbered); with 0.33's fence applied in memory every one of them
-    diverges and the 0.33 row conforms instead; the shipped 0.32 child diverges from the
-    0.33 row (the negative controls)."""
-    from kvspec.blocks_traces import conform_row
+    MultiConnector(NIXL, OffloadingConnector) ("stop": a local request's block reused;
+    "pd": every request P/D, with the child's default prompt-only stores): 0.32's row
+    conforms (the race replayed: most traces end clobbered); with fix-46951 applied its
+    traces diverge at the flush and the 0.33 row conforms instead; the shipped 0.32 child
+    diverges from the 0.33 row (the negative controls). One TLC run per row serves both
+    drivers."""
+    from kvspec.blocks_traces import replay_row
+    from kvspec.lease_traces import _edges, edge_traces, lease_graph
 
-    row32, row33 = ROWS["sync-offload-0.32-stop"], ROWS["sync-offload-0.33-stop"]
-    res = conform_row(BLOCKS, row32, tmp_path, _offload_driver(False))
-    assert res.traces >= 10 and res.conforming == res.traces, res.divergences
-    docs = json.loads((tmp_path / row32.name / TRACES).read_text())
-    assert sum(d["states"][-1]["clob"] for d in docs) >= 5  # the race, replayed
-    fixed = conform_row(BLOCKS, row32, tmp_path / "fixed", _offload_driver(True))
-    assert len(fixed.divergences) == fixed.traces and "fl: spec" in fixed.divergences[0]
-    ok = conform_row(BLOCKS, row33, tmp_path / "ok", _offload_driver(True))
-    assert ok.traces >= 3 and ok.conforming == ok.traces, ok.divergences
-    shipped = conform_row(BLOCKS, row33, tmp_path / "shipped", _offload_driver(False))
+    def traces(name: str) -> tuple[Any, list[Any], int]:
+        g = lease_graph(BLOCKS, ROWS[name], tmp_path / name)
+        return ROWS[name], edge_traces(g, ROWS[name]), len(_edges(g))
+
+    row32, docs32, edges32 = traces(f"sync-offload-0.32-{layout}")
+    res = replay_row(row32, docs32, edges32, _offload_driver(False))
+    assert res.conforming >= 10 and res.divergences == [], res.divergences
+    assert sum(d["states"][-1]["clob"] for d in docs32) >= 5  # the race, replayed
+    fixed = replay_row(row32, docs32, edges32, _offload_driver(True))
+    assert len(fixed.divergences) > fixed.conforming
+    assert all("fl: spec" in d for d in fixed.divergences), fixed.divergences
+    row33, docs33, edges33 = traces(f"sync-offload-0.33-{layout}")
+    ok = replay_row(row33, docs33, edges33, _offload_driver(True))
+    assert ok.conforming >= 3 and ok.divergences == [], ok.divergences
+    shipped = replay_row(row33, docs33, edges33, _offload_driver(False))
     assert shipped.divergences
 
 

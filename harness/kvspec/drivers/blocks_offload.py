@@ -22,8 +22,8 @@ Driven: one batch in flight, no Grow. The real child stores full blocks only, so
 request's prompt is chosen from the trace (`finish_plan`) to fill its block exactly at the
 step whose output finishes it; the spec's child stores every finished request's blocks.
 With more batches a finished request's full block would already need a second one for the
-step in flight (a grow the row does not have). `fixed` applies 0.33's fence in memory
-(offload_fence.fixed_fence): the installed 0.32 then runs the "fence-all" rows.
+step in flight (a grow the row does not have). `impl_patch="fix-46951"` applies 0.33's fence in
+memory (drivers.patches): the installed 0.32 then runs the "fence-all" rows.
 """
 
 from __future__ import annotations
@@ -33,14 +33,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvspec.drivers.base import MissingAction
-from kvspec.drivers.blocks_driver import BlocksDriver
-from kvspec.drivers.offload_fence import fixed_fence
+from kvspec.drivers.blocks_driver import BlocksDriver, project, spec_fn
+from kvspec.drivers.patches import Undo, get_patch
 from kvspec.drivers.vllm_env import D_OFFLOAD, DriverUnavailable
 from kvspec.tlcvalue import Value
 
 
-def _offload_meta(so: Any) -> Any:
-    return next(m for m in so.kv_connector_metadata.metadata if hasattr(m, "jobs_to_flush"))
+def offload_meta(so: Any) -> Any:
+    """The offload child's OffloadingConnectorMetadata in a step's MultiConnector metadata."""
+    meta = so.kv_connector_metadata.metadata
+    found = [m for m in meta if hasattr(m, "jobs_to_flush")]
+    if len(found) != 1:
+        raise DriverUnavailable(f"no offload child in the step's metadata ({meta!r})")
+    return found[0]
 
 
 def _req(req_id: str) -> int:
@@ -49,7 +54,9 @@ def _req(req_id: str) -> int:
 
 @dataclass
 class OffloadBlocksDriver(BlocksDriver):
-    fixed: bool = False  # 0.33's fence in memory (the child records every allocation)
+    # an impl patch applied for the driver's lifetime (fix-46951: 0.33's fence on 0.32)
+    impl_patch: str | None = None
+    undo: Undo | None = None
     # job id -> (request, the GPU blocks it reads), pending on the worker
     jobs: dict[int, tuple[int, frozenset[int]]] = field(default_factory=dict)
     completed: set[int] = field(default_factory=set)  # done on the worker, not yet reported
@@ -65,13 +72,28 @@ class OffloadBlocksDriver(BlocksDriver):
     def __post_init__(self) -> None:
         if int(self.row.consts["Batches"]) != 1 or self.row.consts["Grow"]:
             raise DriverUnavailable("the offload child is driven at one batch without Grow")
-        super().__post_init__()
+        if self.impl_patch is not None:
+            self.undo = get_patch(self.impl_patch).apply()
+        try:
+            super().__post_init__()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        super().close()
+        if self.undo is not None:
+            self.undo()
+            self.undo = None
 
     def _tune(self, cfg: Any) -> None:
-        """The child stores decode tokens too (`offload_prompt_only` off; its default, on,
-        stores prompt tokens only: v1/kv_offload/base.py:620-621): the spec's child stores
-        every finished request's blocks, and a local request's block is filled by decoding
-        (its prompt must leave room for the set-up's decode step)."""
+        """Rows with a local request: the child stores decode tokens too
+        (`offload_prompt_only` off; blocks_traces.prompt_only_stores says why); P/D-only
+        rows keep vLLM's default."""
+        from kvspec.blocks_traces import prompt_only_stores
+
+        if prompt_only_stores(self.row):
+            return
         for child in cfg.kv_transfer_config.kv_connector_extra_config["connectors"]:
             if child["kv_connector"] == "OffloadingConnector":
                 child["kv_connector_extra_config"]["offload_prompt_only"] = False
@@ -79,11 +101,10 @@ class OffloadBlocksDriver(BlocksDriver):
     def schedule(self) -> None:
         """DecodeBlocks `schedule`: Scheduler.schedule; the real child's new store jobs
         (offloading/scheduler.py:1570-1844) and its jobs_to_flush (1865-1877)."""
-        with fixed_fence(self.fixed):
-            super().schedule()
+        super().schedule()
         self.unbuilt.clear()
         so = self.steps[-1].so
-        meta = _offload_meta(so)
+        meta = offload_meta(so)
         for jid, job in meta.store_jobs.items():
             self.jobs[jid] = (_req(job.req_id), frozenset(int(b) for b in job.src_spec.block_ids))
         flush = frozenset(j for j in meta.jobs_to_flush if j in self.jobs)
@@ -154,9 +175,7 @@ class OffloadBlocksDriver(BlocksDriver):
 
 def project_offload(state: dict[str, Any]) -> dict[str, Value]:
     """The spec state as OffloadBlocksDriver.observe sees it."""
-    from kvspec.drivers.blocks_driver import _fn, project
-
-    sto, built = _fn(state["sto"]), frozenset(state["built"])
+    sto, built = spec_fn(state["sto"]), frozenset(state["built"])
     return project(state) | {
         "sto": tuple(bool(sto[r]) and r in built for r in sorted(sto)),
         "fl": tuple(frozenset(s["fl"]) for s in state["steps"]),

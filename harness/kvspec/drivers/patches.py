@@ -95,6 +95,28 @@ def _lease_checked_push(orig: Any) -> Any:
     return _do_start_push_kv
 
 
+OFFLOADING_SCHED = (
+    "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler:"
+    "OffloadingConnectorScheduler"
+)
+
+
+def _alloc_always_recorded(orig: Any) -> Any:
+    def update_state_after_alloc(
+        self: Any, request: Any, blocks: Any, num_external_tokens: int
+    ) -> Any:
+        # vllm 0.33.0's fix of #46951 (offloading/scheduler.py:1354-1359): every allocated
+        # block is recorded for the reuse fence before 0.32's body, whose early return at
+        # num_external_tokens == 0 (1149-1150) skips another child's async load.
+        for group_blocks in blocks.blocks:
+            self._current_batch_allocated_block_ids.update(
+                b.block_id for b in group_blocks if b.block_id != 0
+            )
+        return orig(self, request, blocks, num_external_tokens)
+
+    return update_state_after_alloc
+
+
 PATCHES: dict[str, Patch] = {
     p.name: p
     for p in [
@@ -117,6 +139,15 @@ PATCHES: dict[str, Patch] = {
             f"{PUSH_WORKER}._do_start_push_kv",
             "NoWriteFromFreed (kvspec finding, 2026-12-06)",
             _lease_checked_push,
+        ),
+        Patch(
+            "fix-46951",
+            "OffloadingConnectorScheduler.update_state_after_alloc records every allocated "
+            "block before its early return at 0 external tokens, as vllm 0.33.0 does: "
+            "positive control, DecodeBlocks Offload fence-all",
+            f"{OFFLOADING_SCHED}.update_state_after_alloc",
+            "#46951",
+            _alloc_always_recorded,
         ),
     ]
 }
